@@ -1,0 +1,195 @@
+//! P-256 ECIES key wrapping, used by the recovery key and by TPM P-256 keys.
+//!
+//! ```text
+//! e, E   = fresh ephemeral key pair;  R = recipient public key
+//! Z      = x-coordinate of e·R   (TPM2_ECDH_ZGen computes d·E on the TPM side)
+//! K_wrap = HKDF-SHA256(ikm = Z, salt = E ‖ R (uncompressed SEC1), info = "tpmcrypt/v1/p256-wrap" ‖ kind, 32)
+//! body   = fingerprint(R) ‖ E ‖ AES-256-GCM(K_wrap, nonce = 0^12, aad = fingerprint(R), session key)
+//! ```
+//! K_wrap is used exactly once, so the fixed nonce is safe.
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::Aes256Gcm;
+use p256::ecdh::EphemeralSecret;
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use p256::pkcs8::{DecodePublicKey, EncodePublicKey};
+use p256::PublicKey;
+use rand_core::CryptoRngCore;
+use zeroize::Zeroizing;
+
+use super::{fingerprint_spki, Identity, Recipient};
+use crate::error::{Error, Result};
+use crate::format::{Stanza, FINGERPRINT_LEN};
+use crate::secret::{SessionKey, SESSION_KEY_LEN};
+
+/// Length of an uncompressed SEC1 P-256 point.
+pub const POINT_LEN: usize = 65;
+const WRAPPED_LEN: usize = SESSION_KEY_LEN + 16;
+/// Length of a P-256 stanza body.
+pub const BODY_LEN: usize = FINGERPRINT_LEN + POINT_LEN + WRAPPED_LEN;
+const INFO: &[u8] = b"tpmcrypt/v1/p256-wrap";
+
+/// The one private-key operation a P-256 identity needs.
+pub trait EcdhP256: Send + Sync {
+    /// The identity's public key, uncompressed SEC1.
+    fn public_point(&self) -> [u8; POINT_LEN];
+
+    /// Z = x-coordinate of (private key · `peer`), `peer` uncompressed SEC1.
+    fn ecdh(&self, peer: &[u8; POINT_LEN]) -> Result<Zeroizing<[u8; 32]>>;
+}
+
+/// A P-256 public key as a recipient of a given stanza kind.
+#[derive(Clone, Debug)]
+pub struct P256Recipient {
+    kind: u8,
+    public: PublicKey,
+    fingerprint: [u8; FINGERPRINT_LEN],
+}
+
+impl P256Recipient {
+    /// From a public key.
+    pub fn new(kind: u8, public: PublicKey) -> Result<Self> {
+        let der = public
+            .to_public_key_der()
+            .map_err(|e| Error::InvalidRecipient(e.to_string()))?;
+        Ok(P256Recipient {
+            kind,
+            public,
+            fingerprint: fingerprint_spki(der.as_bytes()),
+        })
+    }
+
+    /// From a DER SubjectPublicKeyInfo (must be a P-256 key).
+    pub fn from_spki_der(kind: u8, der: &[u8]) -> Result<Self> {
+        let public = PublicKey::from_public_key_der(der)
+            .map_err(|_| Error::InvalidRecipient("not a P-256 public key".into()))?;
+        Self::new(kind, public)
+    }
+
+    /// From an uncompressed or compressed SEC1 point.
+    pub fn from_sec1(kind: u8, point: &[u8]) -> Result<Self> {
+        let public = PublicKey::from_sec1_bytes(point)
+            .map_err(|_| Error::InvalidRecipient("not a valid P-256 point".into()))?;
+        Self::new(kind, public)
+    }
+
+    /// The public key.
+    pub fn public_key(&self) -> &PublicKey {
+        &self.public
+    }
+}
+
+fn uncompressed(public: &PublicKey) -> Result<[u8; POINT_LEN]> {
+    let encoded = public.to_encoded_point(false);
+    encoded
+        .as_bytes()
+        .try_into()
+        .map_err(|_| Error::Backend("unexpected SEC1 encoding length".into()))
+}
+
+fn wrap_cipher(kind: u8, z: &[u8; 32], ephemeral: &[u8], recipient: &[u8]) -> Result<Aes256Gcm> {
+    let mut salt = Vec::with_capacity(POINT_LEN * 2);
+    salt.extend_from_slice(ephemeral);
+    salt.extend_from_slice(recipient);
+    let mut info = INFO.to_vec();
+    info.push(kind);
+    let mut key = Zeroizing::new([0u8; 32]);
+    hkdf::Hkdf::<sha2::Sha256>::new(Some(&salt), z)
+        .expand(&info, &mut key[..])
+        .map_err(|_| Error::Backend("hkdf".into()))?;
+    Aes256Gcm::new_from_slice(&key[..]).map_err(|_| Error::Backend("aes-gcm key".into()))
+}
+
+impl Recipient for P256Recipient {
+    fn wrap(&self, key: &SessionKey, mut rng: &mut dyn CryptoRngCore) -> Result<Stanza> {
+        let ephemeral = EphemeralSecret::random(&mut rng);
+        let e_point = uncompressed(&ephemeral.public_key())?;
+        let shared = ephemeral.diffie_hellman(&self.public);
+        let mut z = Zeroizing::new([0u8; 32]);
+        z.copy_from_slice(shared.raw_secret_bytes());
+        let cipher = wrap_cipher(self.kind, &z, &e_point, &uncompressed(&self.public)?)?;
+        let wrapped = cipher
+            .encrypt(
+                &[0u8; 12].into(),
+                Payload {
+                    msg: key.expose(),
+                    aad: &self.fingerprint,
+                },
+            )
+            .map_err(|_| Error::Backend("aes-gcm wrap".into()))?;
+        let mut body = Vec::with_capacity(BODY_LEN);
+        body.extend_from_slice(&self.fingerprint);
+        body.extend_from_slice(&e_point);
+        body.extend_from_slice(&wrapped);
+        Ok(Stanza {
+            kind: self.kind,
+            body,
+        })
+    }
+
+    fn kind(&self) -> u8 {
+        self.kind
+    }
+
+    fn fingerprint(&self) -> [u8; FINGERPRINT_LEN] {
+        self.fingerprint
+    }
+}
+
+/// A P-256 identity: the ECIES unwrap around any [`EcdhP256`] (a software
+/// key or a TPM key).
+pub struct P256Identity<E: EcdhP256> {
+    kind: u8,
+    ecdh: E,
+    recipient: P256Recipient,
+}
+
+impl<E: EcdhP256> P256Identity<E> {
+    /// Wraps `ecdh` as an identity for stanzas of `kind`.
+    pub fn new(kind: u8, ecdh: E) -> Result<Self> {
+        let recipient = P256Recipient::from_sec1(kind, &ecdh.public_point())?;
+        Ok(P256Identity {
+            kind,
+            ecdh,
+            recipient,
+        })
+    }
+
+    /// The matching recipient.
+    pub fn recipient(&self) -> &P256Recipient {
+        &self.recipient
+    }
+}
+
+impl<E: EcdhP256> Identity for P256Identity<E> {
+    fn unwrap(&self, stanza: &Stanza) -> Result<Option<SessionKey>> {
+        if stanza.kind != self.kind || stanza.fingerprint() != Some(&self.recipient.fingerprint[..])
+        {
+            return Ok(None);
+        }
+        if stanza.body.len() != BODY_LEN {
+            return Err(Error::Unwrap("P-256 stanza of the wrong length".into()));
+        }
+        let mut e_point = [0u8; POINT_LEN];
+        e_point.copy_from_slice(&stanza.body[FINGERPRINT_LEN..FINGERPRINT_LEN + POINT_LEN]);
+        PublicKey::from_sec1_bytes(&e_point)
+            .map_err(|_| Error::Unwrap("ephemeral key is not a valid P-256 point".into()))?;
+        let z = self.ecdh.ecdh(&e_point)?;
+        let cipher = wrap_cipher(self.kind, &z, &e_point, &self.ecdh.public_point())?;
+        let plain = Zeroizing::new(
+            cipher
+                .decrypt(
+                    &[0u8; 12].into(),
+                    Payload {
+                        msg: &stanza.body[FINGERPRINT_LEN + POINT_LEN..],
+                        aad: &self.recipient.fingerprint,
+                    },
+                )
+                .map_err(|_| Error::Unwrap("P-256 stanza failed authentication".into()))?,
+        );
+        let bytes: &[u8; SESSION_KEY_LEN] = plain[..]
+            .try_into()
+            .map_err(|_| Error::Unwrap("wrapped key of the wrong length".into()))?;
+        Ok(Some(SessionKey::from_bytes(bytes)))
+    }
+}

@@ -1,0 +1,185 @@
+//! The software recovery key: a P-256 key pair kept offline, so that files
+//! encrypted to a TPM key can still be opened if the TPM dies.
+//!
+//! Recipient string: `tpmcrypt-recovery:` followed by the compressed SEC1
+//! public point in unpadded base64url. Identity file: comment lines (`#`)
+//! and a PKCS#8 `PRIVATE KEY` PEM block, written 0600 by the CLI.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use p256::elliptic_curve::sec1::ToEncodedPoint;
+use p256::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
+use p256::SecretKey;
+use rand_core::CryptoRngCore;
+use zeroize::Zeroizing;
+
+use crate::error::{Error, Result};
+use crate::recipient::kind;
+use crate::recipient::p256::{EcdhP256, P256Identity, P256Recipient, POINT_LEN};
+
+/// Prefix of a recovery recipient string.
+pub const RECIPIENT_PREFIX: &str = "tpmcrypt-recovery:";
+
+/// A recovery private key.
+pub struct RecoveryKey {
+    secret: SecretKey,
+}
+
+impl RecoveryKey {
+    /// Generates a new recovery key.
+    pub fn generate(rng: &mut dyn CryptoRngCore) -> Self {
+        let mut rng = rng;
+        RecoveryKey {
+            secret: SecretKey::random(&mut rng),
+        }
+    }
+
+    /// Parses an identity file (comments and a PKCS#8 PEM block).
+    pub fn parse(text: &str) -> Result<Self> {
+        let begin = text.find("-----BEGIN PRIVATE KEY-----").ok_or_else(|| {
+            Error::InvalidIdentity("no PRIVATE KEY block (not a tpmcrypt recovery identity)".into())
+        })?;
+        let secret = SecretKey::from_pkcs8_pem(text[begin..].trim_end()).map_err(|_| {
+            Error::InvalidIdentity("the PRIVATE KEY block is not a P-256 key".into())
+        })?;
+        Ok(RecoveryKey { secret })
+    }
+
+    /// The identity file contents (secret: the caller writes it 0600).
+    pub fn to_file_contents(&self, comment: &str) -> Result<Zeroizing<String>> {
+        let pem = self
+            .secret
+            .to_pkcs8_pem(LineEnding::LF)
+            .map_err(|e| Error::Backend(e.to_string()))?;
+        let mut out = String::new();
+        for line in comment.lines() {
+            out.push_str("# ");
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str(&format!("# recipient: {}\n", self.recipient_string()));
+        out.push_str(&pem);
+        Ok(Zeroizing::new(out))
+    }
+
+    /// The public recipient string.
+    pub fn recipient_string(&self) -> String {
+        let point = self.secret.public_key().to_encoded_point(true);
+        format!(
+            "{RECIPIENT_PREFIX}{}",
+            URL_SAFE_NO_PAD.encode(point.as_bytes())
+        )
+    }
+
+    /// The matching recipient.
+    pub fn recipient(&self) -> Result<P256Recipient> {
+        P256Recipient::new(kind::RECOVERY_P256, self.secret.public_key())
+    }
+
+    /// This key as an identity.
+    pub fn into_identity(self) -> Result<P256Identity<RecoveryKey>> {
+        P256Identity::new(kind::RECOVERY_P256, self)
+    }
+}
+
+impl EcdhP256 for RecoveryKey {
+    fn public_point(&self) -> [u8; POINT_LEN] {
+        let encoded = self.secret.public_key().to_encoded_point(false);
+        let mut out = [0u8; POINT_LEN];
+        out.copy_from_slice(encoded.as_bytes());
+        out
+    }
+
+    fn ecdh(&self, peer: &[u8; POINT_LEN]) -> Result<Zeroizing<[u8; 32]>> {
+        let peer = p256::PublicKey::from_sec1_bytes(peer)
+            .map_err(|_| Error::Unwrap("invalid P-256 point".into()))?;
+        let shared = p256::ecdh::diffie_hellman(self.secret.to_nonzero_scalar(), peer.as_affine());
+        let mut z = Zeroizing::new([0u8; 32]);
+        z.copy_from_slice(shared.raw_secret_bytes());
+        Ok(z)
+    }
+}
+
+/// Parses a recovery recipient string.
+pub fn parse_recipient(s: &str) -> Result<P256Recipient> {
+    let encoded = s.strip_prefix(RECIPIENT_PREFIX).ok_or_else(|| {
+        Error::InvalidRecipient(format!(
+            "expected a string starting with {RECIPIENT_PREFIX}"
+        ))
+    })?;
+    let point = URL_SAFE_NO_PAD
+        .decode(encoded.trim())
+        .map_err(|_| Error::InvalidRecipient("recovery recipient is not valid base64url".into()))?;
+    if point.len() != 33 {
+        return Err(Error::InvalidRecipient(
+            "recovery recipient has the wrong length".into(),
+        ));
+    }
+    P256Recipient::from_sec1(kind::RECOVERY_P256, &point)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipient::{Identity, Recipient};
+    use crate::secret::SessionKey;
+
+    #[test]
+    fn identity_file_round_trip_and_wrap() {
+        let mut rng = rand_core::OsRng;
+        let key = RecoveryKey::generate(&mut rng);
+        let text = key.to_file_contents("created by a test").unwrap();
+        let recipient_str = key.recipient_string();
+        assert!(text.contains(&recipient_str));
+        let parsed = RecoveryKey::parse(&text).unwrap();
+        assert_eq!(parsed.recipient_string(), recipient_str);
+
+        let recipient = parse_recipient(&recipient_str).unwrap();
+        let session = SessionKey::generate(&mut rng);
+        let stanza = recipient.wrap(&session, &mut rng).unwrap();
+        let identity = parsed.into_identity().unwrap();
+        let got = identity.unwrap(&stanza).unwrap().expect("addressed to us");
+        assert_eq!(got.expose(), session.expose());
+
+        // Any flipped bit of the stanza body is detected or misaddressed.
+        for i in 0..stanza.body.len() {
+            let mut bad = stanza.clone();
+            bad.body[i] ^= 0x01;
+            match identity.unwrap(&bad) {
+                Ok(None) | Err(_) => {}
+                Ok(Some(_)) => panic!("flipped byte {i} still unwrapped"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_identity_is_not_addressed() {
+        let mut rng = rand_core::OsRng;
+        let a = RecoveryKey::generate(&mut rng);
+        let b = RecoveryKey::generate(&mut rng);
+        let stanza = a
+            .recipient()
+            .unwrap()
+            .wrap(&SessionKey::generate(&mut rng), &mut rng)
+            .unwrap();
+        assert!(b
+            .into_identity()
+            .unwrap()
+            .unwrap(&stanza)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn bad_recipient_strings() {
+        for s in [
+            "",
+            "tpmcrypt-recovery:",
+            "tpmcrypt-recovery:!!!",
+            "age1xyz",
+            "tpmcrypt-recovery:AAAA",
+        ] {
+            assert!(parse_recipient(s).is_err(), "{s}");
+        }
+    }
+}

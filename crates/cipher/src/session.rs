@@ -1,0 +1,303 @@
+//! Sessions: one random session key wrapped once per recipient, shared by
+//! every file encrypted in the session; per-file keys derived with HKDF from
+//! a random per-file salt. Decryptors cache unwrapped session keys by the
+//! hash of their wrapped form, so N files of one session cost one unwrap
+//! (one TPM operation).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hmac::{Hmac, Mac};
+use rand_core::{CryptoRngCore, OsRng};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use crate::backend::{self, Backend};
+use crate::error::{Error, Result};
+use crate::format::{Header, Params, HEADER_MAC_LEN};
+use crate::recipient::{Identity, Recipient};
+use crate::secret::SessionKey;
+use crate::stream::{self, Direction, FileKeys, Layout, StreamOptions, NONCE_PREFIX_LEN};
+
+const HEADER_MAC_INFO: &[u8] = b"tpmcrypt/v1/header-mac";
+
+/// HMAC-SHA256 over the unsigned header under a key derived from the
+/// session key; the one definition of the header MAC.
+fn header_mac(session_key: &SessionKey, unsigned: &[u8]) -> Result<[u8; HEADER_MAC_LEN]> {
+    let mut key = Zeroizing::new([0u8; 32]);
+    hkdf::Hkdf::<sha2::Sha256>::new(None, session_key.expose())
+        .expand(HEADER_MAC_INFO, &mut key[..])
+        .map_err(|_| Error::Backend("hkdf".into()))?;
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&key[..])
+        .map_err(|_| Error::Backend("hmac".into()))?;
+    mac.update(unsigned);
+    Ok(mac.finalize().into_bytes().into())
+}
+
+/// Encrypts any number of files in one session.
+pub struct Encryptor {
+    layout: Layout,
+    backend: Arc<dyn Backend>,
+    session_key: SessionKey,
+    header: Vec<u8>,
+}
+
+impl Encryptor {
+    /// Starts a session: draws a session key and wraps it to every recipient.
+    pub fn new(recipients: &[Box<dyn Recipient>], params: Params) -> Result<Self> {
+        Self::with_rng(recipients, params, &mut OsRng)
+    }
+
+    /// As [`Encryptor::new`] with a caller-supplied RNG (tests use a seeded
+    /// one to compare backends byte for byte).
+    pub fn with_rng(
+        recipients: &[Box<dyn Recipient>],
+        params: Params,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Self> {
+        let session_key = SessionKey::generate(rng);
+        Self::with_session_key(recipients, params, session_key, rng)
+    }
+
+    /// As [`Encryptor::new`] with a given session key.
+    pub fn with_session_key(
+        recipients: &[Box<dyn Recipient>],
+        params: Params,
+        session_key: SessionKey,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Self> {
+        let layout = Layout::new(&params)?;
+        let stanzas = recipients
+            .iter()
+            .map(|r| r.wrap(&session_key, rng))
+            .collect::<Result<Vec<_>>>()?;
+        let mut header = Header::encode_unsigned(&params, &stanzas)?;
+        let mac = header_mac(&session_key, &header)?;
+        header.extend_from_slice(&mac);
+        Ok(Encryptor {
+            layout,
+            backend: backend::default_for(params.mode, params.key_len),
+            session_key,
+            header,
+        })
+    }
+
+    /// Uses `backend` instead of the default.
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The header every file of this session starts with.
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    /// The payload layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Encrypts one file with a fresh random salt and nonce prefix.
+    pub fn encrypt<R: Read, W: Write + Send>(
+        &self,
+        input: R,
+        output: W,
+        opts: &StreamOptions<'_>,
+    ) -> Result<u64> {
+        self.encrypt_with_rng(input, output, opts, &mut OsRng)
+    }
+
+    /// As [`Encryptor::encrypt`] with a caller-supplied RNG.
+    pub fn encrypt_with_rng<R: Read, W: Write + Send>(
+        &self,
+        mut input: R,
+        mut output: W,
+        opts: &StreamOptions<'_>,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<u64> {
+        let key_len = self.layout.key_len;
+        let mut stream_header = vec![0u8; self.layout.stream_header_len()];
+        stream_header[0] = stream_header.len() as u8;
+        rng.fill_bytes(&mut stream_header[1..]);
+        let (salt, prefix) = stream_header[1..].split_at(key_len);
+        let mut nonce_prefix = [0u8; NONCE_PREFIX_LEN];
+        nonce_prefix.copy_from_slice(prefix);
+        let keys = FileKeys::derive(
+            self.backend.as_ref(),
+            self.layout,
+            self.session_key.expose(),
+            salt,
+            &self.header,
+            nonce_prefix,
+        )?;
+        output.write_all(&self.header)?;
+        output.write_all(&stream_header)?;
+        let n = stream::run(
+            Direction::Seal,
+            &self.backend,
+            &keys,
+            &mut input,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+}
+
+/// Decrypts files with a set of identities, caching session keys.
+pub struct Decryptor {
+    identities: Vec<Box<dyn Identity>>,
+    cache: Mutex<HashMap<[u8; 32], Arc<SessionKey>>>,
+    unwraps: AtomicU64,
+    backend: Option<Arc<dyn Backend>>,
+}
+
+impl Decryptor {
+    /// A decryptor trying `identities` in order.
+    pub fn new(identities: Vec<Box<dyn Identity>>) -> Self {
+        Decryptor {
+            identities,
+            cache: Mutex::new(HashMap::new()),
+            unwraps: AtomicU64::new(0),
+            backend: None,
+        }
+    }
+
+    /// Forces a backend (default: [`backend::default_for`] the file's mode).
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// How many session keys were unwrapped (identity operations performed).
+    pub fn unwrap_count(&self) -> u64 {
+        self.unwraps.load(Ordering::Relaxed)
+    }
+
+    /// Seeds the cache with a session key obtained elsewhere (an agent).
+    /// The key is checked against the header MAC before it is used.
+    pub fn insert_session_key(&self, header: &Header, key: SessionKey) -> Result<()> {
+        verify_header(header, &key)?;
+        self.lock_cache()
+            .insert(header.stanza_digest(), Arc::new(key));
+        Ok(())
+    }
+
+    /// Whether the session key of `header` is cached already.
+    pub fn has_session_key(&self, header: &Header) -> bool {
+        self.lock_cache().contains_key(&header.stanza_digest())
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Arc<SessionKey>>> {
+        // A poisoned lock only means another thread panicked mid-insert; the
+        // map itself is still consistent.
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session key of `header`, from the cache or by unwrapping a stanza
+    /// (at most once per session), verified against the header MAC.
+    pub fn session_key(&self, header: &Header) -> Result<Arc<SessionKey>> {
+        let digest = header.stanza_digest();
+        let mut cache = self.lock_cache();
+        if let Some(key) = cache.get(&digest) {
+            verify_header(header, key)?;
+            return Ok(key.clone());
+        }
+        let key = self.unwrap_any(header)?;
+        verify_header(header, &key)?;
+        let key = Arc::new(key);
+        cache.insert(digest, key.clone());
+        Ok(key)
+    }
+
+    fn unwrap_any(&self, header: &Header) -> Result<SessionKey> {
+        for stanza in &header.stanzas {
+            for identity in &self.identities {
+                if let Some(key) = identity.unwrap(stanza)? {
+                    self.unwraps.fetch_add(1, Ordering::Relaxed);
+                    return Ok(key);
+                }
+            }
+        }
+        Err(Error::NoMatchingIdentity)
+    }
+
+    /// Decrypts one file: header, then payload.
+    pub fn decrypt<R: Read, W: Write + Send>(
+        &self,
+        mut input: R,
+        output: W,
+        opts: &StreamOptions<'_>,
+    ) -> Result<u64> {
+        let header = Header::read_from(&mut input)?;
+        self.decrypt_payload(&header, input, output, opts)
+    }
+
+    /// Decrypts the payload that follows an already-read `header`.
+    pub fn decrypt_payload<R: Read, W: Write + Send>(
+        &self,
+        header: &Header,
+        mut input: R,
+        mut output: W,
+        opts: &StreamOptions<'_>,
+    ) -> Result<u64> {
+        let key = self.session_key(header)?;
+        let layout = Layout::new(&header.params)?;
+        let backend = self
+            .backend
+            .clone()
+            .unwrap_or_else(|| backend::default_for(header.params.mode, header.params.key_len));
+        let mut stream_header = vec![0u8; layout.stream_header_len()];
+        if stream::read_full(&mut input, &mut stream_header)? < stream_header.len() {
+            return Err(Error::TruncatedHeader);
+        }
+        if stream_header[0] as usize != stream_header.len() {
+            return Err(Error::malformed_stream_header());
+        }
+        let (salt, prefix) = stream_header[1..].split_at(layout.key_len);
+        let mut nonce_prefix = [0u8; NONCE_PREFIX_LEN];
+        nonce_prefix.copy_from_slice(prefix);
+        let keys = FileKeys::derive(
+            backend.as_ref(),
+            layout,
+            key.expose(),
+            salt,
+            header.raw(),
+            nonce_prefix,
+        )?;
+        let n = stream::run(
+            Direction::Open,
+            &backend,
+            &keys,
+            &mut input,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+}
+
+fn verify_header(header: &Header, key: &SessionKey) -> Result<()> {
+    let expect = header_mac(key, header.unsigned())?;
+    if bool::from(expect.ct_eq(header.mac())) {
+        Ok(())
+    } else {
+        Err(Error::HeaderAuth)
+    }
+}
+
+impl Error {
+    fn malformed_stream_header() -> Self {
+        Error::MalformedHeader("bad stream header length byte".into())
+    }
+}

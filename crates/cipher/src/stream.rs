@@ -1,0 +1,663 @@
+//! The segmented payload: layout, per-file keys, and the streaming engine
+//! (a reader, N workers, an ordered writer) that runs it in constant memory.
+//!
+//! The `gcm` payload is Tink's AES-GCM-HKDF streaming AEAD, byte for byte:
+//!
+//! ```text
+//! stream header = len (1 byte) ‖ salt (key_len bytes) ‖ nonce prefix (7 bytes)
+//! file key      = HKDF-SHA256(ikm = session key, salt, info = tpmcrypt header, key_len)
+//! nonce_i       = prefix ‖ BE32(i) ‖ (i is last ? 0x01 : 0x00)
+//! segment_i     = AES-GCM(file key, nonce_i, aad = ∅, plaintext_i)   (ciphertext ‖ tag)
+//! ```
+//!
+//! Segment 0 is shorter by the stream header so that every ciphertext
+//! segment, header included, is `segment_size` bytes. The `cbc` payload uses
+//! the same stream header and nonce bytes, but each segment is an RFC 7518
+//! AES_CBC_HMAC_SHA2 ciphertext `IV ‖ E ‖ T` with `nonce_i` as associated
+//! data, so position and the last-segment flag are authenticated.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crossbeam_channel::bounded;
+use zeroize::Zeroizing;
+
+use crate::backend::{AuthFailed, Backend, GcmKey, Hash, AES_BLOCK, GCM_NONCE_LEN, GCM_TAG_LEN};
+use crate::cbc_hmac::CbcHmac;
+use crate::error::{Error, Result};
+use crate::format::{Mode, Params, MAX_SEGMENT_SIZE};
+
+/// Length of the nonce prefix in the stream header.
+pub const NONCE_PREFIX_LEN: usize = 7;
+
+/// Where segments start and how long they are, derived from [`Params`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Payload mode.
+    pub mode: Mode,
+    /// AES key length in bytes.
+    pub key_len: usize,
+    /// Ciphertext segment size in bytes.
+    pub segment_size: usize,
+}
+
+impl Layout {
+    /// Validates `params` and returns the layout. The one place for the rules
+    /// on segment sizes.
+    pub fn new(params: &Params) -> Result<Self> {
+        if !matches!(params.key_len, 16 | 24 | 32) {
+            return Err(Error::InvalidParams(format!(
+                "invalid key length {}",
+                params.key_len
+            )));
+        }
+        let layout = Layout {
+            mode: params.mode,
+            key_len: params.key_len,
+            segment_size: params.segment_size as usize,
+        };
+        if params.segment_size > MAX_SEGMENT_SIZE {
+            return Err(Error::InvalidParams(format!(
+                "segment size {} exceeds {MAX_SEGMENT_SIZE}",
+                params.segment_size
+            )));
+        }
+        // Segment 0 must hold at least one plaintext byte.
+        let min = match layout.mode {
+            Mode::Gcm => layout.stream_header_len() + GCM_TAG_LEN + 1,
+            Mode::Cbc => layout.cbc_overhead() + AES_BLOCK,
+        };
+        if layout.segment_size < min {
+            return Err(Error::InvalidParams(format!(
+                "segment size {} is below the minimum {min}",
+                layout.segment_size
+            )));
+        }
+        if layout.mode == Mode::Cbc
+            && (layout.segment_size - CbcHmac::tag_len_for(layout.key_len)) % AES_BLOCK != 0
+        {
+            return Err(Error::InvalidParams(format!(
+                "cbc segment size {} minus the {}-byte tag must be a multiple of 16",
+                layout.segment_size,
+                CbcHmac::tag_len_for(layout.key_len)
+            )));
+        }
+        Ok(layout)
+    }
+
+    /// Length of the stream header: length byte, salt, nonce prefix.
+    pub fn stream_header_len(&self) -> usize {
+        1 + self.key_len + NONCE_PREFIX_LEN
+    }
+
+    /// IV, one block of padding at most, and the tag.
+    fn cbc_overhead(&self) -> usize {
+        AES_BLOCK + AES_BLOCK + CbcHmac::tag_len_for(self.key_len)
+    }
+
+    /// Bytes by which segment 0 is shortened (Tink counts the stream header
+    /// as part of the first segment; the cbc payload does not).
+    fn first_cut(&self) -> usize {
+        match self.mode {
+            Mode::Gcm => self.stream_header_len(),
+            Mode::Cbc => 0,
+        }
+    }
+
+    /// Ciphertext length of a full segment `index`.
+    pub fn ciphertext_segment_len(&self, index: u64) -> usize {
+        if index == 0 {
+            self.segment_size - self.first_cut()
+        } else {
+            self.segment_size
+        }
+    }
+
+    /// Plaintext length of a full segment `index`.
+    pub fn plaintext_segment_len(&self, index: u64) -> usize {
+        let overhead = match self.mode {
+            Mode::Gcm => GCM_TAG_LEN,
+            Mode::Cbc => self.cbc_overhead(),
+        };
+        self.ciphertext_segment_len(index) - overhead
+    }
+
+    /// Ciphertext length of a segment holding `plaintext_len` bytes.
+    pub fn sealed_len(&self, plaintext_len: usize) -> usize {
+        match self.mode {
+            Mode::Gcm => plaintext_len + GCM_TAG_LEN,
+            Mode::Cbc => {
+                AES_BLOCK
+                    + (plaintext_len / AES_BLOCK + 1) * AES_BLOCK
+                    + CbcHmac::tag_len_for(self.key_len)
+            }
+        }
+    }
+
+    /// Total payload length (stream header and all segments) for a
+    /// plaintext of `len` bytes.
+    pub fn payload_len(&self, len: u64) -> u64 {
+        let mut total = self.stream_header_len() as u64;
+        let mut left = len;
+        let mut index = 0u64;
+        loop {
+            let full = self.plaintext_segment_len(index) as u64;
+            if left <= full {
+                return total + self.sealed_len(left as usize) as u64;
+            }
+            total += self.ciphertext_segment_len(index) as u64;
+            left -= full;
+            index += 1;
+        }
+    }
+
+    /// Length of the derived key material: the AES-GCM key, or for cbc the
+    /// RFC 7518 composite key (MAC_KEY ‖ ENC_KEY) followed by a 32-byte
+    /// IV-derivation key.
+    pub fn key_material_len(&self) -> usize {
+        match self.mode {
+            Mode::Gcm => self.key_len,
+            Mode::Cbc => 2 * self.key_len + IV_KEY_LEN,
+        }
+    }
+}
+
+const IV_KEY_LEN: usize = 32;
+
+/// The per-segment nonce (gcm) or associated data (cbc).
+pub fn segment_nonce(
+    prefix: &[u8; NONCE_PREFIX_LEN],
+    index: u32,
+    last: bool,
+) -> [u8; GCM_NONCE_LEN] {
+    let mut nonce = [0u8; GCM_NONCE_LEN];
+    nonce[..NONCE_PREFIX_LEN].copy_from_slice(prefix);
+    nonce[NONCE_PREFIX_LEN..11].copy_from_slice(&index.to_be_bytes());
+    nonce[11] = last as u8;
+    nonce
+}
+
+/// Per-file key material and nonce prefix, enough to build a segment
+/// crypter on any thread.
+pub struct FileKeys {
+    layout: Layout,
+    material: Zeroizing<Vec<u8>>,
+    nonce_prefix: [u8; NONCE_PREFIX_LEN],
+}
+
+impl FileKeys {
+    /// Derives the file key with HKDF-SHA256 (Tink's construction: the
+    /// associated data is the HKDF info).
+    pub fn derive(
+        backend: &dyn Backend,
+        layout: Layout,
+        ikm: &[u8],
+        salt: &[u8],
+        associated_data: &[u8],
+        nonce_prefix: [u8; NONCE_PREFIX_LEN],
+    ) -> Result<Self> {
+        let mut material = Zeroizing::new(vec![0u8; layout.key_material_len()]);
+        backend.hkdf_sha256(ikm, salt, associated_data, &mut material)?;
+        Ok(FileKeys {
+            layout,
+            material,
+            nonce_prefix,
+        })
+    }
+
+    /// Uses already-derived key material (for known-answer tests whose HKDF
+    /// hash is not SHA-256).
+    pub fn from_material(
+        layout: Layout,
+        material: &[u8],
+        nonce_prefix: [u8; NONCE_PREFIX_LEN],
+    ) -> Result<Self> {
+        if material.len() != layout.key_material_len() {
+            return Err(Error::InvalidParams(
+                "key material of the wrong length".into(),
+            ));
+        }
+        Ok(FileKeys {
+            layout,
+            material: Zeroizing::new(material.to_vec()),
+            nonce_prefix,
+        })
+    }
+
+    /// The layout these keys were made for.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// A crypter for one thread.
+    pub fn crypter(&self, backend: &Arc<dyn Backend>) -> Result<SegmentCrypter> {
+        let aead = match self.layout.mode {
+            Mode::Gcm => Aead::Gcm(backend.gcm(&self.material)?),
+            Mode::Cbc => {
+                let composite = 2 * self.layout.key_len;
+                Aead::Cbc {
+                    cbc: CbcHmac::new(backend.clone(), &self.material[..composite])?,
+                    iv_key: Zeroizing::new(self.material[composite..].to_vec()),
+                    backend: backend.clone(),
+                }
+            }
+        };
+        Ok(SegmentCrypter {
+            layout: self.layout,
+            prefix: self.nonce_prefix,
+            aead,
+        })
+    }
+}
+
+enum Aead {
+    Gcm(Box<dyn GcmKey>),
+    Cbc {
+        cbc: CbcHmac,
+        iv_key: Zeroizing<Vec<u8>>,
+        backend: Arc<dyn Backend>,
+    },
+}
+
+/// Seals and opens single segments.
+pub struct SegmentCrypter {
+    layout: Layout,
+    prefix: [u8; NONCE_PREFIX_LEN],
+    aead: Aead,
+}
+
+impl SegmentCrypter {
+    /// Bytes to reserve before the plaintext in a buffer passed to `seal`.
+    pub fn reserve(&self) -> usize {
+        match self.aead {
+            Aead::Gcm(_) => 0,
+            Aead::Cbc { .. } => AES_BLOCK,
+        }
+    }
+
+    /// Seals `buf[reserve()..]` in place into a complete ciphertext segment.
+    pub fn seal(&mut self, index: u64, last: bool, buf: &mut Vec<u8>) -> Result<()> {
+        let index = segment_index(index)?;
+        let nonce = segment_nonce(&self.prefix, index, last);
+        match &mut self.aead {
+            Aead::Gcm(key) => key.seal(&nonce, &[], buf),
+            Aead::Cbc {
+                cbc,
+                iv_key,
+                backend,
+            } => {
+                // An unpredictable IV: a PRF of the segment's position under
+                // a key of its own (SP 800-38A, Appendix C).
+                let prf = backend.hmac(Hash::Sha256, iv_key, &[&nonce])?;
+                let mut iv = [0u8; AES_BLOCK];
+                iv.copy_from_slice(&prf[..AES_BLOCK]);
+                cbc.seal(&iv, &nonce, buf)
+            }
+        }
+    }
+
+    fn open_once(
+        &mut self,
+        index: u32,
+        last: bool,
+        buf: &mut [u8],
+    ) -> std::result::Result<Range<usize>, AuthFailed> {
+        let nonce = segment_nonce(&self.prefix, index, last);
+        match &mut self.aead {
+            Aead::Gcm(key) => key.open(&nonce, &[], buf).map(|n| 0..n),
+            Aead::Cbc { cbc, .. } => cbc.open(&nonce, buf),
+        }
+    }
+
+    /// Authenticates and decrypts a complete ciphertext segment in place and
+    /// returns where its plaintext is. When the last segment is full-size
+    /// and fails, it is tried as a middle segment to tell truncation at a
+    /// segment boundary apart from tampering.
+    pub fn open(&mut self, index: u64, last: bool, buf: &mut [u8]) -> Result<Range<usize>> {
+        let idx = segment_index(index)?;
+        let full = buf.len() == self.layout.ciphertext_segment_len(index);
+        let backup = (last && full).then(|| Zeroizing::new(buf.to_vec()));
+        match self.open_once(idx, last, buf) {
+            Ok(range) => Ok(range),
+            Err(AuthFailed) => {
+                if let Some(mut copy) = backup {
+                    if self.open_once(idx, false, &mut copy).is_ok() {
+                        return Err(Error::Truncated { index });
+                    }
+                }
+                Err(Error::SegmentAuth { index })
+            }
+        }
+    }
+}
+
+fn segment_index(index: u64) -> Result<u32> {
+    u32::try_from(index).map_err(|_| Error::InvalidParams("more than 2^32 segments".into()))
+}
+
+/// How to run the engine.
+#[derive(Clone, Copy, Default)]
+pub struct StreamOptions<'a> {
+    /// Worker threads; 0 or 1 runs everything on the calling thread.
+    pub workers: usize,
+    /// Called with the number of plaintext bytes done, as segments complete.
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl<'a> StreamOptions<'a> {
+    /// Single-threaded, no progress.
+    pub fn sequential() -> Self {
+        StreamOptions::default()
+    }
+
+    /// `workers` threads.
+    pub fn parallel(workers: usize) -> Self {
+        StreamOptions {
+            workers,
+            progress: None,
+        }
+    }
+}
+
+/// Which way the engine runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Direction {
+    /// Plaintext in, ciphertext segments out.
+    Seal,
+    /// Ciphertext segments in, plaintext out.
+    Open,
+}
+
+/// Reads `buf.len()` bytes unless the input ends first; returns the count.
+pub fn read_full<R: Read + ?Sized>(input: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Cuts the input into segment-sized chunks, reading one byte ahead so that
+/// the last chunk is known when it is read (the last-segment flag is part of
+/// the nonce).
+struct Chunker<'r, R: Read> {
+    input: &'r mut R,
+    carry: Option<u8>,
+    index: u64,
+    done: bool,
+}
+
+struct Chunk {
+    index: u64,
+    last: bool,
+    buf: Vec<u8>,
+}
+
+impl<'r, R: Read> Chunker<'r, R> {
+    fn new(input: &'r mut R) -> Self {
+        Chunker {
+            input,
+            carry: None,
+            index: 0,
+            done: false,
+        }
+    }
+
+    /// Fills `buf` with `reserve` bytes of room and up to `want` bytes of
+    /// input. Returns None once the last chunk has been handed out.
+    fn next(&mut self, mut buf: Vec<u8>, reserve: usize, want: usize) -> io::Result<Option<Chunk>> {
+        if self.done {
+            return Ok(None);
+        }
+        let end = reserve + want;
+        if buf.len() < end {
+            buf.resize(end, 0);
+        } else {
+            buf.truncate(end);
+        }
+        let mut filled = reserve;
+        if let Some(b) = self.carry.take() {
+            buf[filled] = b;
+            filled += 1;
+        }
+        filled += read_full(self.input, &mut buf[filled..end])?;
+        buf.truncate(filled);
+        let last = if filled < end {
+            true
+        } else {
+            let mut one = [0u8; 1];
+            if read_full(self.input, &mut one)? == 1 {
+                self.carry = Some(one[0]);
+                false
+            } else {
+                true
+            }
+        };
+        let chunk = Chunk {
+            index: self.index,
+            last,
+            buf,
+        };
+        self.index += 1;
+        self.done = last;
+        Ok(Some(chunk))
+    }
+}
+
+/// Runs the segments of one payload (after its stream header) through
+/// `keys`, from `input` to `output`. Returns the plaintext byte count.
+/// Output is written strictly in order; when opening, a segment is written
+/// only after it authenticated, and nothing after a failed one.
+pub fn run<R: Read, W: Write + Send>(
+    direction: Direction,
+    backend: &Arc<dyn Backend>,
+    keys: &FileKeys,
+    input: &mut R,
+    output: &mut W,
+    opts: &StreamOptions<'_>,
+) -> Result<u64> {
+    if opts.workers <= 1 {
+        run_sequential(direction, backend, keys, input, output, opts)
+    } else {
+        run_parallel(direction, backend, keys, input, output, opts)
+    }
+}
+
+fn want(direction: Direction, layout: &Layout, index: u64) -> usize {
+    match direction {
+        Direction::Seal => layout.plaintext_segment_len(index),
+        Direction::Open => layout.ciphertext_segment_len(index),
+    }
+}
+
+/// Seals or opens one chunk; returns the range of `buf` to write and the
+/// plaintext byte count.
+fn process(
+    direction: Direction,
+    crypter: &mut SegmentCrypter,
+    chunk: &mut Chunk,
+) -> Result<(Range<usize>, u64)> {
+    match direction {
+        Direction::Seal => {
+            let plain = (chunk.buf.len() - crypter.reserve()) as u64;
+            crypter.seal(chunk.index, chunk.last, &mut chunk.buf)?;
+            Ok((0..chunk.buf.len(), plain))
+        }
+        Direction::Open => {
+            if chunk.index == 0 && chunk.buf.is_empty() {
+                return Err(Error::TruncatedHeader);
+            }
+            let range = crypter.open(chunk.index, chunk.last, &mut chunk.buf)?;
+            let plain = range.len() as u64;
+            Ok((range, plain))
+        }
+    }
+}
+
+fn run_sequential<R: Read, W: Write>(
+    direction: Direction,
+    backend: &Arc<dyn Backend>,
+    keys: &FileKeys,
+    input: &mut R,
+    output: &mut W,
+    opts: &StreamOptions<'_>,
+) -> Result<u64> {
+    let layout = keys.layout;
+    let mut crypter = keys.crypter(backend)?;
+    let reserve = if direction == Direction::Seal {
+        crypter.reserve()
+    } else {
+        0
+    };
+    let mut chunker = Chunker::new(input);
+    let mut buf = Vec::new();
+    let mut total = 0u64;
+    loop {
+        let index = chunker.index;
+        let Some(mut chunk) = chunker.next(buf, reserve, want(direction, &layout, index))? else {
+            return Ok(total);
+        };
+        let (range, plain) = process(direction, &mut crypter, &mut chunk)?;
+        output.write_all(&chunk.buf[range])?;
+        total += plain;
+        if let Some(progress) = opts.progress {
+            progress(total);
+        }
+        buf = chunk.buf;
+    }
+}
+
+struct Done {
+    index: u64,
+    last: bool,
+    buf: Vec<u8>,
+    outcome: Result<(Range<usize>, u64)>,
+}
+
+fn run_parallel<R: Read, W: Write + Send>(
+    direction: Direction,
+    backend: &Arc<dyn Backend>,
+    keys: &FileKeys,
+    input: &mut R,
+    output: &mut W,
+    opts: &StreamOptions<'_>,
+) -> Result<u64> {
+    let layout = keys.layout;
+    let workers = opts.workers;
+    // Buffers in circulation bound the memory: each holds one segment.
+    let buffers = workers * 2 + 2;
+    let (job_tx, job_rx) = bounded::<Chunk>(workers);
+    let (done_tx, done_rx) = bounded::<Done>(buffers);
+    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(buffers);
+    for _ in 0..buffers {
+        // The channel has room for exactly `buffers` items.
+        let _ = pool_tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
+    }
+    let reserve = match (direction, layout.mode) {
+        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
+        _ => 0,
+    };
+    let progress = opts.progress;
+
+    std::thread::scope(|scope| {
+        let mut worker_handles = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let job_rx = job_rx.clone();
+            let done_tx = done_tx.clone();
+            worker_handles.push(scope.spawn(move || -> Result<()> {
+                let mut crypter = keys.crypter(backend)?;
+                for mut chunk in job_rx {
+                    let outcome = process(direction, &mut crypter, &mut chunk);
+                    let done = Done {
+                        index: chunk.index,
+                        last: chunk.last,
+                        buf: chunk.buf,
+                        outcome,
+                    };
+                    if done_tx.send(done).is_err() {
+                        break;
+                    }
+                }
+                Ok(())
+            }));
+        }
+        drop(job_rx);
+        drop(done_tx);
+
+        let writer = scope.spawn(move || -> Result<u64> {
+            let mut pending = BTreeMap::new();
+            let mut next = 0u64;
+            let mut total = 0u64;
+            for done in done_rx {
+                pending.insert(done.index, done);
+                while let Some(done) = pending.remove(&next) {
+                    let (range, plain) = done.outcome?;
+                    output.write_all(&done.buf[range])?;
+                    total += plain;
+                    if let Some(progress) = progress {
+                        progress(total);
+                    }
+                    if done.last {
+                        return Ok(total);
+                    }
+                    next += 1;
+                    // The reader may have stopped already; then nobody needs it.
+                    let _ = pool_tx.send(done.buf);
+                }
+            }
+            Err(Error::Io(io::Error::other(
+                "segment pipeline stopped early",
+            )))
+        });
+
+        let mut chunker = Chunker::new(input);
+        let mut read_error = None;
+        while let Ok(buf) = pool_rx.recv() {
+            let index = chunker.index;
+            match chunker.next(buf, reserve, want(direction, &layout, index)) {
+                Ok(Some(chunk)) => {
+                    if job_tx.send(chunk).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    read_error = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(job_tx);
+        drop(pool_rx);
+
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(Error::Backend("writer thread panicked".into())));
+        let mut worker_error = None;
+        for handle in worker_handles {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => worker_error = worker_error.or(Some(e)),
+                Err(_) => {
+                    worker_error =
+                        worker_error.or(Some(Error::Backend("worker thread panicked".into())))
+                }
+            }
+        }
+        if let Some(e) = read_error {
+            return Err(Error::Io(e));
+        }
+        match (written, worker_error) {
+            (Ok(total), _) => Ok(total),
+            (Err(_), Some(e)) => Err(e),
+            (Err(e), None) => Err(e),
+        }
+    })
+}

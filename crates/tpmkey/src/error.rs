@@ -1,0 +1,131 @@
+//! Error type for everything in this crate.
+//!
+//! The variants are deliberately fine-grained for the failures a user can act
+//! on (wrong PIN, PCRs changed, lockout, wrong machine, no TPM), because a
+//! generic "TPM error 0x98e" tells nobody what to do.  [`Error::exit_class`]
+//! lets the CLI turn them into exit codes without matching on every variant.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Coarse classification for the CLI's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitClass {
+    /// The TPM is unavailable, or it refused to use the key (policy, PIN,
+    /// lockout, different TPM).  The CLI maps this to exit code 4.
+    TpmRefused,
+    /// Anything else (bad input, I/O, malformed key file, internal errors).
+    Other,
+}
+
+impl ExitClass {
+    /// The process exit code the CLI uses for this class (4 or 1).
+    pub fn code(self) -> i32 {
+        match self {
+            ExitClass::TpmRefused => 4,
+            ExitClass::Other => 1,
+        }
+    }
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No TPM could be reached through the TCTI.
+    #[error(
+        "cannot reach the TPM via TCTI '{tcti}': {detail}. Check that the machine has a TPM 2.0 \
+         and that you may use it (e.g. /dev/tpmrm0 is usually group 'tss'), or select another one \
+         with --tcti / TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: \
+         NOT secure, keys are not protected by hardware)"
+    )]
+    Unavailable { tcti: String, detail: String },
+
+    /// The key's PCR policy is not satisfied by the current PCR values.
+    #[error(
+        "the PCR values changed since the key was created (key is bound to PCRs {pcrs}); the TPM \
+         refuses to use it in the current boot state. If the change is legitimate (firmware, \
+         bootloader or kernel update), decrypt with a recovery recipient and create a new key"
+    )]
+    PcrMismatch { pcrs: String },
+
+    /// The PIN (authValue) was wrong.
+    #[error(
+        "wrong PIN for this key (TPM authorization failed). Repeated failures put the TPM into \
+         dictionary-attack lockout"
+    )]
+    WrongPin,
+
+    /// The TPM is in dictionary-attack lockout.
+    #[error(
+        "the TPM is in dictionary-attack lockout after too many wrong PINs; wait {} or run \
+         `tpm2_dictionarylockout --clear-lockout` (needs the lockout authorization)",
+        match .retry_after_secs { Some(s) => format!("{s} seconds"), None => "a while".to_string() }
+    )]
+    Lockout { retry_after_secs: Option<u32> },
+
+    /// The key file was made under a different TPM (or the TPM was cleared).
+    #[error(
+        "this key belongs to a different TPM (or this TPM's owner hierarchy was cleared since the \
+         key was created): the TPM rejected it ({detail})"
+    )]
+    WrongTpm { detail: String },
+
+    /// The key needs a policy we do not know how to satisfy.
+    #[error("unsupported key policy: {0}")]
+    UnsupportedPolicy(String),
+
+    /// A key file (PEM/DER/TPM structures) is malformed.
+    #[error("invalid TPM key file: {0}")]
+    KeyFile(String),
+
+    /// Invalid argument (TCTI string, PCR selection, key name, ciphertext...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// Any other TPM failure.
+    #[error("TPM command {op} failed: {detail}")]
+    Tpm { op: &'static str, detail: String },
+
+    /// The software TPM could not be started.
+    #[error("cannot start the software TPM (swtpm): {0}")]
+    Simulator(String),
+
+    /// Keystore-level problems (name taken, key not found...).
+    #[error("keystore: {0}")]
+    Keystore(String),
+
+    /// File system errors, with the path involved.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// OpenSSL failures while converting public keys.
+    #[error("crypto: {0}")]
+    Crypto(#[from] openssl::error::ErrorStack),
+}
+
+impl Error {
+    /// Which CLI exit class this error belongs to.
+    pub fn exit_class(&self) -> ExitClass {
+        match self {
+            Error::Unavailable { .. }
+            | Error::PcrMismatch { .. }
+            | Error::WrongPin
+            | Error::Lockout { .. }
+            | Error::WrongTpm { .. } => ExitClass::TpmRefused,
+            _ => ExitClass::Other,
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

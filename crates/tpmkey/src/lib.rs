@@ -1,0 +1,34 @@
+//! TPM-bound keys for tpmcrypt.
+//!
+//! This crate is the TPM half of tpmcrypt: it creates decryption keys that live
+//! under the TPM's storage root key (so the private half never leaves the TPM),
+//! stores them in the interoperable `TSS2 PRIVATE KEY` format, and performs the
+//! "unbind" operations (RSA-OAEP decryption, ECDH Z generation) that recover a
+//! file key.  Everything goes through the real TPM software stack (tpm2-tss via
+//! `tss-esapi`); tests run against a real `swtpm` process (see [`simulator`]).
+//!
+//! Module map:
+//! * [`tcti`]      – which TPM to talk to (tpm2-tools TCTI syntax).
+//! * [`simulator`] – start/stop a private swtpm (tests and `--simulator`).
+//! * [`tpm`]       – the [`Tpm`] handle: SRK, key creation, unbind.
+//! * [`pcr`]       – PCR selections such as `sha256:0,7`.
+//! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
+//! * [`keystore`]  – a directory of named keys.
+//! * [`error`]     – the [`Error`] type and how it maps to CLI exit codes.
+
+mod der;
+pub mod error;
+pub mod keyfile;
+pub mod keystore;
+pub mod pcr;
+pub mod simulator;
+pub mod tcti;
+pub mod tpm;
+
+pub use error::{Error, ExitClass, Result};
+pub use keyfile::{KeyAlg, KeyBlob, PolicyCommand};
+pub use keystore::{KeyMeta, Keystore};
+pub use pcr::{PcrBank, PcrSelection};
+pub use simulator::{Simulator, SimulatorOptions};
+pub use tcti::Tcti;
+pub use tpm::{Tpm, TpmInfo};

@@ -1,0 +1,233 @@
+//! Selecting the TPM: TCTI strings in tpm2-tools syntax.
+//!
+//! We accept the same strings users already know from `TPM2TOOLS_TCTI`
+//! (`device:/dev/tpmrm0`, `swtpm:host=127.0.0.1,port=2321`, `mssim:...`,
+//! `tabrmd`), validate them ourselves so that typos produce a clear message
+//! instead of an opaque tpm2-tss loader failure, and map them to
+//! [`tss_esapi::TctiNameConf`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use tss_esapi::tcti_ldr::{DeviceConfig, NetworkTPMConfig, TabrmdConfig, TctiNameConf};
+
+use crate::error::{Error, Result};
+
+/// Environment variable that selects the TPM when no `--tcti` is given.
+pub const ENV_TCTI: &str = "TPMCRYPT_TCTI";
+
+/// The TCTI used when nothing is configured: the kernel resource manager,
+/// which (unlike `/dev/tpm0`) lets several processes share the TPM.
+pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
+
+/// A parsed TCTI specification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tcti {
+    /// A character device (`device:/dev/tpmrm0`).
+    Device { path: String },
+    /// swtpm's TCP protocol (`swtpm:host=H,port=P`); control port is P+1.
+    Swtpm { host: String, port: u16 },
+    /// Microsoft/IBM simulator protocol (`mssim:host=H,port=P`).
+    Mssim { host: String, port: u16 },
+    /// The tpm2-abrmd resource manager over D-Bus; the config is passed on.
+    Tabrmd { config: String },
+}
+
+impl Tcti {
+    /// The TCTI from `TPMCRYPT_TCTI`, or [`DEFAULT_TCTI`].
+    pub fn from_env() -> Result<Tcti> {
+        match std::env::var(ENV_TCTI) {
+            Ok(s) if !s.trim().is_empty() => s.parse(),
+            _ => DEFAULT_TCTI.parse(),
+        }
+    }
+
+    /// Whether this TCTI points at a software TPM (swtpm/mssim protocols).
+    pub fn is_network_simulator(&self) -> bool {
+        matches!(self, Tcti::Swtpm { .. } | Tcti::Mssim { .. })
+    }
+
+    /// Converts into the tss-esapi representation.
+    pub fn to_name_conf(&self) -> Result<TctiNameConf> {
+        let bad = |e: tss_esapi::Error| Error::InvalidInput(format!("TCTI '{self}': {e}"));
+        Ok(match self {
+            Tcti::Device { path } => {
+                TctiNameConf::Device(DeviceConfig::from_str(path).map_err(bad)?)
+            }
+            Tcti::Swtpm { host, port } => TctiNameConf::Swtpm(
+                NetworkTPMConfig::from_str(&format!("host={host},port={port}")).map_err(bad)?,
+            ),
+            Tcti::Mssim { host, port } => TctiNameConf::Mssim(
+                NetworkTPMConfig::from_str(&format!("host={host},port={port}")).map_err(bad)?,
+            ),
+            Tcti::Tabrmd { config } => {
+                TctiNameConf::Tabrmd(TabrmdConfig::from_str(config).map_err(bad)?)
+            }
+        })
+    }
+}
+
+impl fmt::Display for Tcti {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tcti::Device { path } => write!(f, "device:{path}"),
+            Tcti::Swtpm { host, port } => write!(f, "swtpm:host={host},port={port}"),
+            Tcti::Mssim { host, port } => write!(f, "mssim:host={host},port={port}"),
+            Tcti::Tabrmd { config } if config.is_empty() => write!(f, "tabrmd"),
+            Tcti::Tabrmd { config } => write!(f, "tabrmd:{config}"),
+        }
+    }
+}
+
+/// Parses `host=H,port=P` (either may be missing; tpm2-tss defaults apply).
+fn parse_network(kind: &str, conf: &str) -> Result<(String, u16)> {
+    let mut host = "localhost".to_string();
+    let mut port: u16 = 2321;
+    for part in conf.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{kind} TCTI option '{part}' is not key=value (expected {kind}:host=H,port=P)"
+            ))
+        })?;
+        match k.trim() {
+            "host" => {
+                let v = v.trim();
+                if v.is_empty() || v.contains(char::is_whitespace) {
+                    return Err(Error::InvalidInput(format!("{kind} TCTI: bad host '{v}'")));
+                }
+                host = v.to_string();
+            }
+            "port" => {
+                port = v
+                    .trim()
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| {
+                        Error::InvalidInput(format!("{kind} TCTI: bad port '{v}' (1-65535)"))
+                    })?;
+            }
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "{kind} TCTI: unknown option '{other}' (expected host= and port=)"
+                )))
+            }
+        }
+    }
+    Ok((host, port))
+}
+
+impl FromStr for Tcti {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Tcti> {
+        let s = s.trim();
+        let (name, conf) = match s.split_once(':') {
+            Some((n, c)) => (n, c),
+            None => (s, ""),
+        };
+        // tpm2-tss also accepts the library file names (libtss2-tcti-device.so.0).
+        let name = name
+            .trim_start_matches("libtss2-tcti-")
+            .trim_end_matches(".so.0")
+            .trim_end_matches(".so");
+        match name {
+            "device" => {
+                let path = conf.strip_prefix("path=").unwrap_or(conf);
+                let path = if path.is_empty() {
+                    "/dev/tpmrm0"
+                } else {
+                    path
+                };
+                if !path.starts_with('/') {
+                    return Err(Error::InvalidInput(format!(
+                        "device TCTI needs an absolute device path, got '{path}'"
+                    )));
+                }
+                Ok(Tcti::Device {
+                    path: path.to_string(),
+                })
+            }
+            "swtpm" => {
+                let (host, port) = parse_network("swtpm", conf)?;
+                Ok(Tcti::Swtpm { host, port })
+            }
+            "mssim" => {
+                let (host, port) = parse_network("mssim", conf)?;
+                Ok(Tcti::Mssim { host, port })
+            }
+            "tabrmd" => Ok(Tcti::Tabrmd {
+                config: conf.to_string(),
+            }),
+            "" => Err(Error::InvalidInput("empty TCTI string".into())),
+            other => Err(Error::InvalidInput(format!(
+                "unknown TCTI '{other}' (expected device:PATH, swtpm:host=H,port=P, \
+                 mssim:host=H,port=P or tabrmd)"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tpm2_tools_syntax() {
+        assert_eq!(
+            "device:/dev/tpm0".parse::<Tcti>().unwrap(),
+            Tcti::Device {
+                path: "/dev/tpm0".into()
+            }
+        );
+        assert_eq!(
+            "device".parse::<Tcti>().unwrap(),
+            Tcti::Device {
+                path: "/dev/tpmrm0".into()
+            }
+        );
+        assert_eq!(
+            "swtpm:host=127.0.0.1,port=2400".parse::<Tcti>().unwrap(),
+            Tcti::Swtpm {
+                host: "127.0.0.1".into(),
+                port: 2400
+            }
+        );
+        assert_eq!(
+            "mssim:port=5".parse::<Tcti>().unwrap(),
+            Tcti::Mssim {
+                host: "localhost".into(),
+                port: 5
+            }
+        );
+        assert_eq!(
+            "tabrmd".parse::<Tcti>().unwrap(),
+            Tcti::Tabrmd {
+                config: String::new()
+            }
+        );
+        for s in [
+            "",
+            "foo",
+            "swtpm:port=0",
+            "swtpm:port=70000",
+            "swtpm:hots=x",
+            "device:rel",
+        ] {
+            assert!(s.parse::<Tcti>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn round_trips_and_converts() {
+        for s in [
+            "device:/dev/tpmrm0",
+            "swtpm:host=127.0.0.1,port=2321",
+            "mssim:host=localhost,port=2321",
+        ] {
+            let t: Tcti = s.parse().unwrap();
+            assert_eq!(t.to_string(), s);
+            t.to_name_conf().unwrap();
+        }
+    }
+}
