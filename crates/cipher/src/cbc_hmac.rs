@@ -46,7 +46,7 @@ impl CbcHmac {
 
     /// Tag length in bytes (16, 24 or 32).
     pub fn tag_len(&self) -> usize {
-        self.hash.len() / 2
+        self.hash.output_len() / 2
     }
 
     /// Tag length for an AES key of `key_len` bytes.

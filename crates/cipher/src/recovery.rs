@@ -34,6 +34,14 @@ impl RecoveryKey {
         }
     }
 
+    /// A key from its raw 32-byte big-endian scalar (known-answer tests).
+    #[doc(hidden)]
+    pub fn from_scalar_bytes(bytes: &[u8; 32]) -> Result<Self> {
+        let secret = SecretKey::from_bytes(bytes.into())
+            .map_err(|_| Error::InvalidIdentity("scalar out of range".into()))?;
+        Ok(RecoveryKey { secret })
+    }
+
     /// Parses an identity file (comments and a PKCS#8 PEM block).
     pub fn parse(text: &str) -> Result<Self> {
         let begin = text.find("-----BEGIN PRIVATE KEY-----").ok_or_else(|| {

@@ -1,1 +1,66 @@
-fn main() {}
+//! `tpmcrypt`: thin glue over the cipher and TPM libraries. Errors become
+//! one line on stderr and a documented exit code here, and only here.
+
+mod args;
+mod atomic;
+mod commands;
+mod exit;
+mod files;
+mod harden;
+mod keys;
+
+use clap::{CommandFactory, Parser};
+
+use crate::args::{Cli, Command};
+
+/// Output preferences shared by the commands.
+pub struct Ui {
+    /// Print summaries.
+    pub verbose: bool,
+    /// No progress bars.
+    pub quiet: bool,
+}
+
+fn main() {
+    // Before anything may hold a key.
+    harden::disable_core_dumps();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let ui = Ui {
+        verbose: cli.verbose,
+        quiet: cli.quiet,
+    };
+    let result = match &cli.command {
+        Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
+        Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Recovery(c) => commands::recovery::run(c),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "tpmcrypt",
+                &mut std::io::stdout(),
+            );
+            Ok(exit::OK)
+        }
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {}", files::one_line(&err));
+            exit::code_for(&err)
+        }
+    };
+    std::process::exit(code);
+}

@@ -39,7 +39,7 @@ pub enum Hash {
 
 impl Hash {
     /// Output length in bytes.
-    pub fn len(self) -> usize {
+    pub fn output_len(self) -> usize {
         match self {
             Hash::Sha256 => 32,
             Hash::Sha384 => 48,

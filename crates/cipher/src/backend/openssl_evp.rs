@@ -158,15 +158,30 @@ impl CbcKey for Cbc {
         let ctx = &mut self.0;
         ctx.start(Dir::Decrypt, iv).map_err(|_| AuthFailed)?;
         let len = buf.len();
-        // OpenSSL holds back the last block until `final`, so the in-place
-        // update writes at most len - 16 bytes.
-        let written = ctx
+        // `cipher_update_inplace` asserts (panics) unless the buffer has one
+        // block of room beyond the input, so all but the last block are
+        // decrypted in place and the last one through a small stack buffer.
+        // OpenSSL holds back the last decrypted block until `final`, so each
+        // update writes at most its input length, behind what it has read.
+        let body = len - AES_BLOCK;
+        let mut written = ctx
             .ctx
-            .cipher_update_inplace(buf, len)
+            .cipher_update_inplace(buf, body)
             .map_err(|_| AuthFailed)?;
-        let mut last = [0u8; AES_BLOCK];
-        let fin = ctx.ctx.cipher_final(&mut last).map_err(|_| AuthFailed)?;
-        buf[written..written + fin].copy_from_slice(&last[..fin]);
+        let mut last_in = [0u8; AES_BLOCK];
+        last_in.copy_from_slice(&buf[body..]);
+        let mut out = Zeroizing::new([0u8; 2 * AES_BLOCK]);
+        let n = ctx
+            .ctx
+            .cipher_update(&last_in, Some(&mut out[..]))
+            .map_err(|_| AuthFailed)?;
+        buf[written..written + n].copy_from_slice(&out[..n]);
+        written += n;
+        let fin = ctx
+            .ctx
+            .cipher_final(&mut out[..AES_BLOCK])
+            .map_err(|_| AuthFailed)?;
+        buf[written..written + fin].copy_from_slice(&out[..fin]);
         Ok(written + fin)
     }
 }

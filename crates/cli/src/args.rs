@@ -1,0 +1,220 @@
+//! The command line: every subcommand and flag, documented where it is
+//! declared (clap turns these doc comments into `--help`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Encrypt files with keys bound to this machine's TPM.
+#[derive(Parser, Debug)]
+#[command(name = "tpmcrypt", version, about, long_about = None)]
+pub struct Cli {
+    /// Print a summary (files, bytes, session key unwraps) on stderr.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
+    /// Never show a progress bar.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Encrypt files (or stdin) to one or more recipients.
+    Encrypt(EncryptArgs),
+    /// Decrypt files (or stdin) with identities.
+    Decrypt(DecryptArgs),
+    /// Print a file's header without decrypting it.
+    Inspect(InspectArgs),
+    /// Manage software recovery keys.
+    #[command(subcommand)]
+    Recovery(RecoveryCommand),
+    /// Print a shell completion script.
+    Completions {
+        /// Shell to generate for.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Payload mode.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeArg {
+    /// Segmented AES-GCM, Tink AES-GCM-HKDF streaming compatible (default).
+    Gcm,
+    /// Segmented AES-CBC with HMAC-SHA2 (RFC 7518), encrypt-then-MAC.
+    Cbc,
+}
+
+/// AES key size.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitsArg {
+    /// AES-128.
+    #[value(name = "128")]
+    B128,
+    /// AES-192 (not Tink-interoperable in gcm mode).
+    #[value(name = "192")]
+    B192,
+    /// AES-256 (default).
+    #[value(name = "256")]
+    B256,
+}
+
+impl BitsArg {
+    /// Key size in bits.
+    pub fn bits(self) -> u32 {
+        match self {
+            BitsArg::B128 => 128,
+            BitsArg::B192 => 192,
+            BitsArg::B256 => 256,
+        }
+    }
+}
+
+/// Crypto backend.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendArg {
+    /// OpenSSL EVP.
+    Openssl,
+    /// ring (GCM 128/256 only).
+    Ring,
+    /// RustCrypto (pure Rust).
+    Rustcrypto,
+}
+
+impl BackendArg {
+    /// The backend's name in the cipher crate.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendArg::Openssl => "openssl",
+            BackendArg::Ring => "ring",
+            BackendArg::Rustcrypto => "rustcrypto",
+        }
+    }
+}
+
+/// Options shared by encrypt and decrypt: where inputs come from and where
+/// outputs go.
+#[derive(Args, Debug, Clone)]
+pub struct FileArgs {
+    /// Output file ("-" for stdout). Only with a single input.
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+
+    /// Recurse into directories given as inputs (symlinks are not followed).
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+
+    /// Replace each input with its output: the original is removed only
+    /// after the output is fsynced and renamed into place.
+    #[arg(long, conflicts_with = "output")]
+    pub in_place: bool,
+
+    /// Overwrite existing outputs.
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Worker threads for large inputs (default: number of CPUs).
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// Force a crypto backend (default: the fastest measured for the mode).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+
+    /// Input files or directories; none or "-" reads stdin.
+    #[arg(value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// `tpmcrypt encrypt`.
+#[derive(Args, Debug)]
+pub struct EncryptArgs {
+    /// Recipient: a recovery recipient string (tpmcrypt-recovery:…), or a
+    /// file holding one or a PEM public key (e.g. `key export` output).
+    #[arg(
+        short = 'R',
+        long = "recipient",
+        value_name = "RECIPIENT",
+        required = true
+    )]
+    pub recipients: Vec<String>,
+
+    /// Payload mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Gcm)]
+    pub mode: ModeArg,
+
+    /// AES key size in bits (192 is not Tink-interoperable).
+    #[arg(long, value_enum, default_value_t = BitsArg::B256)]
+    pub bits: BitsArg,
+
+    /// Ciphertext segment size in bytes (advanced; default 1 MiB).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    pub segment_size: Option<u32>,
+
+    /// Allow writing ciphertext to a terminal.
+    #[arg(long, hide = true)]
+    pub allow_tty: bool,
+
+    #[command(flatten)]
+    pub files: FileArgs,
+}
+
+/// `tpmcrypt decrypt`.
+#[derive(Args, Debug)]
+pub struct DecryptArgs {
+    /// Identity file (a recovery identity). May be repeated.
+    #[arg(
+        short = 'i',
+        long = "identity",
+        value_name = "IDENTITY",
+        required = true
+    )]
+    pub identities: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub files: FileArgs,
+}
+
+/// `tpmcrypt inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The file to inspect.
+    pub file: PathBuf,
+
+    /// Print JSON (field names are documented in docs/format.md).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Identity used with --reveal-session-key.
+    #[arg(short = 'i', long = "identity", value_name = "IDENTITY")]
+    pub identities: Vec<PathBuf>,
+
+    /// DANGEROUS: print the unwrapped session key in hex (for escrow, or to
+    /// decrypt the payload with another implementation such as Tink). Anyone
+    /// who sees it can decrypt every file of the session.
+    #[arg(long, requires = "identities")]
+    pub reveal_session_key: bool,
+}
+
+/// `tpmcrypt recovery …`.
+#[derive(Subcommand, Debug)]
+pub enum RecoveryCommand {
+    /// Create a recovery identity and print its recipient string.
+    Create {
+        /// Where to write the identity (mode 0600). Keep it offline.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Print the recipient string of an existing recovery identity.
+    Recipient {
+        /// The identity file.
+        identity: PathBuf,
+    },
+}

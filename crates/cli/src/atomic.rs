@@ -1,0 +1,286 @@
+//! Crash-safe output files: written under a temporary name in the target
+//! directory, fsynced, renamed into place only on complete success, and the
+//! directory fsynced. A failed or interrupted run never leaves a partial
+//! file under the final name; the temporary is removed on drop, and one left
+//! by a crash (kill -9) carries a recognisable name that later runs clean up.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Marker in temporary file names: `.NAME.tpmcrypt-partial.PID.RANDOM`.
+pub const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
+
+/// An output file being written.
+pub struct AtomicFile {
+    tmp: PathBuf,
+    dest: PathBuf,
+    file: File,
+    replace: bool,
+}
+
+impl AtomicFile {
+    /// Starts writing `dest`. `mode` is applied to the file before it gets
+    /// its final name. Fails early when `dest` exists and `replace` is false.
+    pub fn create(dest: &Path, mode: u32, replace: bool) -> io::Result<Self> {
+        if !replace && fs::symlink_metadata(dest).is_ok() {
+            return Err(exists(dest));
+        }
+        let dir = parent_dir(dest);
+        let name = dest.file_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "output has no file name")
+        })?;
+        let mut last_err = None;
+        for _ in 0..16 {
+            let tmp = dir.join(format!(
+                ".{}{}{}.{:016x}",
+                name.to_string_lossy(),
+                PARTIAL_MARKER,
+                std::process::id(),
+                random_u64()
+            ));
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+            {
+                Ok(file) => {
+                    file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
+                    return Ok(AtomicFile {
+                        tmp,
+                        dest: dest.to_path_buf(),
+                        file,
+                        replace,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
+    }
+
+    /// The file to write to.
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// Makes the file durable and gives it its final name: fsync the data,
+    /// rename (refusing to replace unless allowed), fsync the directory.
+    pub fn commit(mut self) -> io::Result<()> {
+        self.file.sync_all()?;
+        if self.replace {
+            fs::rename(&self.tmp, &self.dest)?;
+        } else {
+            rename_noreplace(&self.tmp, &self.dest)?;
+        }
+        // From here the temporary name is gone; nothing for Drop to remove.
+        self.tmp = PathBuf::new();
+        sync_dir(parent_dir(&self.dest))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn exists(dest: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{} already exists (use --force to overwrite)",
+            dest.display()
+        ),
+    )
+}
+
+/// The directory a path lives in ("." for a bare name).
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// fsyncs a directory so that a rename or unlink in it is durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Removes a file and makes the removal durable.
+pub fn remove_durably(path: &Path) -> io::Result<()> {
+    fs::remove_file(path)?;
+    sync_dir(parent_dir(path))
+}
+
+fn cstring(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// rename(2) that fails if the destination exists, so two concurrent runs
+/// never both end up "writing" one output.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let (cfrom, cto) = (cstring(from)?, cstring(to)?);
+    // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them as
+    // rename(2) would.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cfrom.as_ptr(),
+            libc::AT_FDCWD,
+            cto.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Err(exists(to)),
+        // File systems without RENAME_NOREPLACE: link(2) also refuses to
+        // replace, then drop the temporary name.
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => match fs::hard_link(from, to) {
+            Ok(()) => fs::remove_file(from),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists(to)),
+            Err(e) => Err(e),
+        },
+        _ => Err(err),
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // getrandom never fails for 8 bytes on Linux ≥ 3.17; fall back to the
+    // clock so a name is still produced.
+    if getrandom(&mut b).is_err() {
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+    }
+    u64::from_le_bytes(b)
+}
+
+fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n as usize == buf.len() {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Removes temporaries left by crashed runs for `dest` (same directory,
+/// `.NAME.tpmcrypt-partial.PID.*` whose PID is no longer alive). Returns how
+/// many were removed.
+pub fn clean_stale_partials(dest: &Path) -> usize {
+    let Some(name) = dest.file_name() else {
+        return 0;
+    };
+    let prefix = format!(".{}{}", name.to_string_lossy(), PARTIAL_MARKER);
+    let Ok(entries) = fs::read_dir(parent_dir(dest)) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let fname = entry.file_name();
+        let fname = fname.to_string_lossy();
+        let Some(rest) = fname.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid_alive(pid) {
+            continue;
+        }
+        if fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn commit_renames_and_drop_cleans() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        let mut f = AtomicFile::create(&dest, 0o640, false).unwrap();
+        f.file().write_all(b"hello").unwrap();
+        assert!(!dest.exists());
+        f.commit().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"hello");
+        assert_eq!(
+            fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
+            0o640
+        );
+
+        let other = dir.path().join("other");
+        let mut f = AtomicFile::create(&other, 0o600, false).unwrap();
+        f.file().write_all(b"partial").unwrap();
+        drop(f);
+        assert!(!other.exists());
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "temporary left behind"
+        );
+    }
+
+    #[test]
+    fn refuses_to_replace_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out");
+        fs::write(&dest, b"old").unwrap();
+        assert!(AtomicFile::create(&dest, 0o600, false).is_err());
+        // A destination that appears while writing is not clobbered either.
+        let racing = dir.path().join("racing");
+        let f = AtomicFile::create(&racing, 0o600, false).unwrap();
+        fs::write(&racing, b"theirs").unwrap();
+        assert!(f.commit().is_err());
+        assert_eq!(fs::read(&racing).unwrap(), b"theirs");
+        let f = AtomicFile::create(&dest, 0o600, true).unwrap();
+        f.commit().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"");
+    }
+
+    #[test]
+    fn stale_partials_of_dead_processes_are_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f.tpmc");
+        // PID 0x7fffffff is never alive.
+        let stale = dir
+            .path()
+            .join(format!(".f.tpmc{PARTIAL_MARKER}2147483646.00"));
+        let live = dir
+            .path()
+            .join(format!(".f.tpmc{PARTIAL_MARKER}{}.00", std::process::id()));
+        fs::write(&stale, b"x").unwrap();
+        fs::write(&live, b"x").unwrap();
+        assert_eq!(clean_stale_partials(&dest), 1);
+        assert!(!stale.exists());
+        assert!(live.exists());
+    }
+}

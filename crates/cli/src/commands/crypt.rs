@@ -1,0 +1,110 @@
+//! `tpmcrypt encrypt` and `tpmcrypt decrypt`: one session per invocation —
+//! one session key for everything encrypted, one unwrap per session for
+//! everything decrypted.
+
+use std::sync::Arc;
+
+use tpmcrypt_cipher::{backend, Decryptor, Encryptor, Mode, Params};
+
+use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
+use crate::files::{self, Naming, RunOptions, Summary};
+use crate::keys;
+use crate::Ui;
+
+fn run_options(files: &FileArgs, ui: &Ui, refuse_tty_output: bool) -> RunOptions {
+    RunOptions {
+        jobs: files.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }),
+        // Below a few segments the threads cost more than they save.
+        parallel_threshold: 4 << 20,
+        force: files.force,
+        in_place: files.in_place,
+        progress: !ui.quiet,
+        refuse_tty_output,
+    }
+}
+
+fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn backend::Backend>>> {
+    Ok(match arg {
+        Some(b) => Some(backend::by_name(b.name())?),
+        None => None,
+    })
+}
+
+fn finish(summary: Summary, ui: &Ui, verb: &str, unwraps: Option<u64>) -> i32 {
+    if ui.verbose {
+        let mut line = format!(
+            "tpmcrypt: {verb} {} file(s), {} bytes, {} failed",
+            summary.ok, summary.bytes, summary.failed
+        );
+        if let Some(n) = unwraps {
+            line.push_str(&format!(", {n} session key unwrap(s)"));
+        }
+        eprintln!("{line}");
+    }
+    summary.first_code.unwrap_or(crate::exit::OK)
+}
+
+/// Runs `encrypt`.
+pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
+    let mode = match args.mode {
+        ModeArg::Gcm => Mode::Gcm,
+        ModeArg::Cbc => Mode::Cbc,
+    };
+    let mut params = Params::new(mode, args.bits.bits())?;
+    if let Some(size) = args.segment_size {
+        params = params.with_segment_size(size)?;
+    }
+    let recipients = args
+        .recipients
+        .iter()
+        .map(|r| keys::parse_recipient(r))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let tasks = files::plan(&args.files, Naming::Encrypt)?;
+    let mut encryptor = Encryptor::new(&recipients, params)?;
+    if let Some(b) = chosen_backend(args.files.backend)? {
+        if (mode == Mode::Cbc && !b.supports_cbc())
+            || !b.supports_gcm(params.key_len) && mode == Mode::Gcm
+        {
+            return Err(crate::exit::usage(format!(
+                "backend {} does not support {} with {}-bit keys",
+                b.name(),
+                mode.name(),
+                params.key_bits()
+            )));
+        }
+        encryptor = encryptor.with_backend(b);
+    }
+    let opts = run_options(&args.files, ui, !args.allow_tty);
+    let summary = files::run(&tasks, &opts, &|input, output, stream| {
+        encryptor.encrypt(input, output, stream)
+    });
+    Ok(finish(summary, ui, "encrypted", None))
+}
+
+/// Runs `decrypt`.
+pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
+    let identities = args
+        .identities
+        .iter()
+        .map(|p| keys::load_identity(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let tasks = files::plan(&args.files, Naming::Decrypt)?;
+    let mut decryptor = Decryptor::new(identities);
+    if let Some(b) = chosen_backend(args.files.backend)? {
+        decryptor = decryptor.with_backend(b);
+    }
+    let opts = run_options(&args.files, ui, false);
+    let summary = files::run(&tasks, &opts, &|input, output, stream| {
+        decryptor.decrypt(input, output, stream)
+    });
+    Ok(finish(
+        summary,
+        ui,
+        "decrypted",
+        Some(decryptor.unwrap_count()),
+    ))
+}

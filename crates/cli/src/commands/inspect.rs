@@ -1,0 +1,106 @@
+//! `tpmcrypt inspect`: the header, without decrypting. JSON field names are
+//! documented in docs/format.md ("inspect --json").
+
+use std::fs::File;
+use std::io::BufReader;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use tpmcrypt_cipher::recipient::kind;
+use tpmcrypt_cipher::{Decryptor, Header, Mode};
+
+use crate::args::InspectArgs;
+use crate::keys;
+
+#[derive(Serialize)]
+struct RecipientInfo {
+    kind: &'static str,
+    kind_id: u8,
+    fingerprint: String,
+}
+
+#[derive(Serialize)]
+struct Inspect {
+    file: String,
+    format_version: u8,
+    mode: &'static str,
+    key_bits: u32,
+    segment_size: u32,
+    header_length: usize,
+    payload_offset: usize,
+    session_id: String,
+    hkdf_hash: &'static str,
+    tink_compatible: bool,
+    recipients: Vec<RecipientInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_key: Option<String>,
+}
+
+/// Runs `inspect`.
+pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
+    let label = || args.file.display().to_string();
+    let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
+    let header = Header::read_from(&mut input).with_context(label)?;
+    let session_key = if args.reveal_session_key {
+        let identities = args
+            .identities
+            .iter()
+            .map(|p| keys::load_identity(p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let key = Decryptor::new(identities)
+            .session_key(&header)
+            .with_context(label)?;
+        Some(hex::encode(key.expose()))
+    } else {
+        None
+    };
+    let params = header.params;
+    let info = Inspect {
+        file: label(),
+        format_version: tpmcrypt_cipher::format::VERSION,
+        mode: params.mode.name(),
+        key_bits: params.key_bits(),
+        segment_size: params.segment_size,
+        header_length: header.payload_offset(),
+        payload_offset: header.payload_offset(),
+        session_id: hex::encode(header.session_id()),
+        hkdf_hash: "SHA256",
+        tink_compatible: params.mode == Mode::Gcm && params.key_len != 24,
+        recipients: header
+            .stanzas
+            .iter()
+            .map(|s| RecipientInfo {
+                kind: kind::name(s.kind),
+                kind_id: s.kind,
+                fingerprint: s.fingerprint().map(hex::encode).unwrap_or_default(),
+            })
+            .collect(),
+        session_key,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        println!("file:            {}", info.file);
+        println!("format version:  {}", info.format_version);
+        println!("mode:            {}", info.mode);
+        println!("key bits:        {}", info.key_bits);
+        println!("segment size:    {} bytes (ciphertext)", info.segment_size);
+        println!(
+            "payload offset:  {} (the Tink-compatible stream starts here)",
+            info.payload_offset
+        );
+        println!(
+            "tink compatible: {}",
+            if info.tink_compatible { "yes" } else { "no" }
+        );
+        println!("session id:      {}", info.session_id);
+        println!("recipients:");
+        for r in &info.recipients {
+            println!("  {:<14} {}", r.kind, r.fingerprint);
+        }
+        if let Some(key) = &info.session_key {
+            println!("session key:     {key}");
+        }
+    }
+    Ok(crate::exit::OK)
+}

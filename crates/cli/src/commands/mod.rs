@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod crypt;
+pub mod inspect;
+pub mod recovery;

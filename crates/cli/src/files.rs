@@ -1,0 +1,406 @@
+//! Turning inputs and flags into (source, sink) tasks, and running a
+//! transform over each task with crash-safe outputs. Shared by `encrypt` and
+//! `decrypt`, which differ only in the transform and the naming rule.
+
+use std::fs::{self, File};
+use std::io::{self, IsTerminal};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use tpmcrypt_cipher::StreamOptions;
+
+use crate::args::FileArgs;
+use crate::atomic::{self, AtomicFile, PARTIAL_MARKER};
+use crate::exit::{self, usage};
+
+/// Suffix of encrypted files.
+pub const SUFFIX: &str = "tpmc";
+
+/// Which way files are named.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Naming {
+    /// `X` → `X.tpmc`.
+    Encrypt,
+    /// `X.tpmc` → `X`.
+    Decrypt,
+}
+
+/// Where data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Standard input.
+    Stdin,
+    /// A regular file.
+    File(PathBuf),
+}
+
+/// Where data goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sink {
+    /// Standard output.
+    Stdout,
+    /// A file, written atomically.
+    File(PathBuf),
+}
+
+/// One input and its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// Input.
+    pub source: Source,
+    /// Output.
+    pub sink: Sink,
+}
+
+impl Task {
+    /// What to name in error messages.
+    pub fn label(&self) -> String {
+        match &self.source {
+            Source::Stdin => "<stdin>".into(),
+            Source::File(p) => p.display().to_string(),
+        }
+    }
+}
+
+fn is_dash(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+/// The output name for `input`.
+pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
+    match naming {
+        Naming::Encrypt => {
+            let mut name = input.as_os_str().to_owned();
+            name.push(".");
+            name.push(SUFFIX);
+            Ok(PathBuf::from(name))
+        }
+        Naming::Decrypt => {
+            let s = input.to_string_lossy();
+            match s.strip_suffix(&format!(".{SUFFIX}")) {
+                Some(stem) if !stem.is_empty() && !stem.ends_with('/') => Ok(PathBuf::from(stem)),
+                _ => Err(usage(format!(
+                    "{}: cannot derive an output name (no .{SUFFIX} suffix); use -o",
+                    input.display()
+                ))),
+            }
+        }
+    }
+}
+
+/// Plans the tasks for the given inputs and flags.
+pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
+    let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
+    if stdin_only {
+        if args.in_place {
+            return Err(usage("--in-place needs input files, not stdin"));
+        }
+        let sink = match &args.output {
+            Some(p) if !is_dash(p) => Sink::File(p.clone()),
+            _ => Sink::Stdout,
+        };
+        return Ok(vec![Task {
+            source: Source::Stdin,
+            sink,
+        }]);
+    }
+    if args.inputs.iter().any(|p| is_dash(p)) {
+        return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
+    }
+    let mut sources = Vec::new();
+    for input in &args.inputs {
+        let meta = fs::symlink_metadata(input).with_context(|| input.display().to_string())?;
+        if meta.is_dir() {
+            if !args.recursive {
+                return Err(usage(format!(
+                    "{}: is a directory (use -r to recurse)",
+                    input.display()
+                )));
+            }
+            walk(input, naming, &mut sources).with_context(|| input.display().to_string())?;
+        } else {
+            sources.push(input.clone());
+        }
+    }
+    if let Some(out) = &args.output {
+        if sources.len() != 1 || args.recursive {
+            return Err(usage("-o takes exactly one input file"));
+        }
+        let sink = if is_dash(out) {
+            Sink::Stdout
+        } else {
+            Sink::File(out.clone())
+        };
+        return Ok(vec![Task {
+            source: Source::File(sources.remove(0)),
+            sink,
+        }]);
+    }
+    sources
+        .into_iter()
+        .map(|src| {
+            Ok(Task {
+                sink: Sink::File(output_name(&src, naming)?),
+                source: Source::File(src),
+            })
+        })
+        .collect()
+}
+
+/// Collects regular files under `dir`, never following symlinks. When
+/// encrypting, files that are already ciphertext are left out; when
+/// decrypting, only ciphertext is taken. Crash leftovers are never inputs.
+fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
+    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let ft = entry.file_type()?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if ft.is_dir() {
+            walk(&path, naming, out)?;
+        } else if ft.is_file() && !name.contains(PARTIAL_MARKER) {
+            let is_ct = name.ends_with(&format!(".{SUFFIX}"));
+            if is_ct == (naming == Naming::Decrypt) {
+                out.push(path);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A transform from an input to an output (encrypt or decrypt one stream).
+pub type Transform<'a> = dyn Fn(&mut File, &mut File, &StreamOptions<'_>) -> Result<u64, tpmcrypt_cipher::Error>
+    + Sync
+    + 'a;
+
+/// Settings for [`run`].
+pub struct RunOptions {
+    /// Worker threads for large inputs.
+    pub jobs: usize,
+    /// Inputs at least this large use the worker pool.
+    pub parallel_threshold: u64,
+    /// Overwrite existing outputs.
+    pub force: bool,
+    /// Remove inputs after their outputs are durable.
+    pub in_place: bool,
+    /// Show progress bars on a terminal.
+    pub progress: bool,
+    /// Refuse to write to a terminal (ciphertext).
+    pub refuse_tty_output: bool,
+}
+
+/// Totals over a run.
+#[derive(Default, Debug)]
+pub struct Summary {
+    /// Tasks that succeeded.
+    pub ok: u64,
+    /// Tasks that failed.
+    pub failed: u64,
+    /// Plaintext bytes processed.
+    pub bytes: u64,
+    /// Exit code of the first failure.
+    pub first_code: Option<i32>,
+}
+
+/// Runs `transform` over every task; a failing task is reported as
+/// `error: <file>: <cause>` and does not stop the others.
+pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summary {
+    let mut summary = Summary::default();
+    for task in tasks {
+        match run_one(task, opts, transform) {
+            Ok(n) => {
+                summary.ok += 1;
+                summary.bytes += n;
+            }
+            Err(err) => {
+                let code = exit::code_for(&err);
+                eprintln!("error: {}: {}", task.label(), one_line(&err));
+                summary.failed += 1;
+                summary.first_code.get_or_insert(code);
+            }
+        }
+    }
+    summary
+}
+
+/// The cause chain on one line.
+pub fn one_line(err: &anyhow::Error) -> String {
+    format!("{err:#}").replace('\n', " ")
+}
+
+fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
+    Ok(File::from(fd.try_clone_to_owned()?))
+}
+
+fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow::Result<u64> {
+    let (mut input, size, mode) = match &task.source {
+        Source::Stdin => (
+            stdio_file(io::stdin().as_fd())?,
+            None,
+            0o666 & !current_umask(),
+        ),
+        Source::File(path) => {
+            let file = File::open(path)?;
+            let meta = file.metadata()?;
+            if !meta.is_file() {
+                return Err(usage("not a regular file"));
+            }
+            (file, Some(meta.len()), meta.permissions().mode() & 0o777)
+        }
+    };
+    let workers = match size {
+        Some(n) if n < opts.parallel_threshold => 1,
+        _ => opts.jobs.max(1),
+    };
+    let bar = make_bar(opts.progress, size);
+    let tick = |done: u64| {
+        if let Some(bar) = &bar {
+            bar.set_position(done);
+        }
+    };
+    let stream_opts = StreamOptions {
+        workers,
+        progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
+    };
+    let n = match &task.sink {
+        Sink::Stdout => {
+            let stdout = io::stdout();
+            if opts.refuse_tty_output && stdout.is_terminal() {
+                return Err(usage(
+                    "refusing to write ciphertext to a terminal (use -o or redirect)",
+                ));
+            }
+            let mut out = stdio_file(stdout.as_fd())?;
+            transform(&mut input, &mut out, &stream_opts)?
+        }
+        Sink::File(dest) => {
+            atomic::clean_stale_partials(dest);
+            let mut out = AtomicFile::create(dest, mode, opts.force)?;
+            let n = transform(&mut input, out.file(), &stream_opts)?;
+            out.commit()
+                .with_context(|| format!("writing {}", dest.display()))?;
+            if opts.in_place {
+                if let Source::File(src) = &task.source {
+                    atomic::remove_durably(src).context("removing the original")?;
+                }
+            }
+            n
+        }
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(n)
+}
+
+fn make_bar(enabled: bool, size: Option<u64>) -> Option<indicatif::ProgressBar> {
+    const MIN: u64 = 64 << 20;
+    let size = size.filter(|&s| enabled && s >= MIN && io::stderr().is_terminal())?;
+    let bar = indicatif::ProgressBar::new(size);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+fn current_umask() -> u32 {
+    // SAFETY: umask cannot fail; it is set back immediately. Called from the
+    // main thread before any worker exists.
+    unsafe {
+        let old = libc::umask(0o077);
+        libc::umask(old);
+        old as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(inputs: &[&str], output: Option<&str>) -> FileArgs {
+        FileArgs {
+            output: output.map(PathBuf::from),
+            recursive: false,
+            in_place: false,
+            force: false,
+            jobs: None,
+            backend: None,
+            inputs: inputs.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    #[test]
+    fn stdin_to_stdout_or_file() {
+        let t = plan(&args(&[], None), Naming::Encrypt).unwrap();
+        assert_eq!(
+            t,
+            vec![Task {
+                source: Source::Stdin,
+                sink: Sink::Stdout
+            }]
+        );
+        let t = plan(&args(&["-"], Some("out")), Naming::Encrypt).unwrap();
+        assert_eq!(t[0].sink, Sink::File("out".into()));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            output_name(Path::new("a/b.txt"), Naming::Encrypt).unwrap(),
+            PathBuf::from("a/b.txt.tpmc")
+        );
+        assert_eq!(
+            output_name(Path::new("a/b.txt.tpmc"), Naming::Decrypt).unwrap(),
+            PathBuf::from("a/b.txt")
+        );
+        assert!(output_name(Path::new("a/b.txt"), Naming::Decrypt).is_err());
+        assert!(output_name(Path::new(".tpmc"), Naming::Decrypt).is_err());
+    }
+
+    #[test]
+    fn directories_need_recursion_and_skip_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("a"), b"a").unwrap();
+        fs::write(d.join("sub/b"), b"b").unwrap();
+        fs::write(d.join("sub/b.tpmc"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join("link")).unwrap();
+        let mut a = args(&[d.to_str().unwrap()], None);
+        assert!(plan(&a, Naming::Encrypt).is_err());
+        a.recursive = true;
+        let enc: Vec<_> = plan(&a, Naming::Encrypt)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.source)
+            .collect();
+        assert_eq!(
+            enc,
+            vec![Source::File(d.join("a")), Source::File(d.join("sub/b"))]
+        );
+        let dec = plan(&a, Naming::Decrypt).unwrap();
+        assert_eq!(dec.len(), 1);
+        assert_eq!(dec[0].sink, Sink::File(d.join("sub/b")));
+    }
+
+    #[test]
+    fn output_with_many_inputs_is_a_usage_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        fs::write(&a, b"").unwrap();
+        fs::write(&b, b"").unwrap();
+        let err = plan(
+            &args(&[a.to_str().unwrap(), b.to_str().unwrap()], Some("o")),
+            Naming::Encrypt,
+        )
+        .unwrap_err();
+        assert_eq!(exit::code_for(&err), exit::USAGE);
+    }
+}

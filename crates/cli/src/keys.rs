@@ -1,0 +1,51 @@
+//! Reading recipients (`-R`) and identities (`-i`) from the command line.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::Context as _;
+use tpmcrypt_cipher::recipient::{self, Identity, Recipient};
+use tpmcrypt_cipher::recovery::{self, RecoveryKey};
+use zeroize::Zeroizing;
+
+use crate::exit::usage;
+
+/// Parses one `-R` value: a recovery recipient string, or a file holding
+/// one or a PEM public key.
+pub fn parse_recipient(value: &str) -> anyhow::Result<Box<dyn Recipient>> {
+    if value.starts_with(recovery::RECIPIENT_PREFIX) {
+        return Ok(Box::new(recovery::parse_recipient(value)?));
+    }
+    let path = Path::new(value);
+    if !path.exists() {
+        return Err(usage(format!(
+            "recipient {value:?} is neither a {} string nor a file",
+            recovery::RECIPIENT_PREFIX
+        )));
+    }
+    let bytes = fs::read(path).with_context(|| value.to_string())?;
+    let text = String::from_utf8_lossy(&bytes);
+    if text.contains("-----BEGIN PUBLIC KEY-----") {
+        return recipient::tpm_recipient_from_pem(&bytes).with_context(|| value.to_string());
+    }
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(recovery::RECIPIENT_PREFIX))
+        .ok_or_else(|| {
+            usage(format!(
+                "{value}: no recipient string or PEM public key in this file"
+            ))
+        })?;
+    Ok(Box::new(
+        recovery::parse_recipient(line).with_context(|| value.to_string())?,
+    ))
+}
+
+/// Loads one `-i` identity file.
+pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
+    let text =
+        Zeroizing::new(fs::read_to_string(path).with_context(|| path.display().to_string())?);
+    let key = RecoveryKey::parse(&text).with_context(|| path.display().to_string())?;
+    Ok(Box::new(key.into_identity()?))
+}
