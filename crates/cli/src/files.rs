@@ -277,6 +277,11 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             let mut out = stdio_file(stdout.as_fd())?;
             transform(&mut input, &mut out, &stream_opts)?
         }
+        Sink::File(dest) if is_special(dest) => {
+            // A device or FIFO (e.g. /dev/null): nothing to rename into place.
+            let mut out = fs::OpenOptions::new().write(true).open(dest)?;
+            transform(&mut input, &mut out, &stream_opts)?
+        }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)?;
@@ -295,6 +300,14 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         bar.finish_and_clear();
     }
     Ok(n)
+}
+
+/// An existing output that is neither a regular file nor a directory
+/// (character device, FIFO, socket) is written in place.
+fn is_special(path: &Path) -> bool {
+    fs::metadata(path)
+        .map(|m| !m.is_file() && !m.is_dir())
+        .unwrap_or(false)
 }
 
 fn make_bar(enabled: bool, size: Option<u64>) -> Option<indicatif::ProgressBar> {
