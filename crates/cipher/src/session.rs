@@ -5,7 +5,8 @@
 //! (one TPM operation).
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{Read, Seek, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -123,6 +124,53 @@ impl Encryptor {
         opts: &StreamOptions<'_>,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<u64> {
+        let keys = self.begin_file(&mut output, rng)?;
+        let n = stream::run(
+            Direction::Seal,
+            &self.backend,
+            &keys,
+            &mut input,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+
+    /// Encrypts the rest of `file`. For a regular file the workers read
+    /// their segments themselves (positional reads in parallel); anything
+    /// else (a pipe) is streamed.
+    pub fn encrypt_file<W: Write + Send>(
+        &self,
+        file: &File,
+        mut output: W,
+        opts: &StreamOptions<'_>,
+    ) -> Result<u64> {
+        let Some((start, end)) = regular_region(file)? else {
+            return self.encrypt(file, output, opts);
+        };
+        let keys = self.begin_file(&mut output, &mut OsRng)?;
+        let n = stream::run_file(
+            Direction::Seal,
+            &self.backend,
+            &keys,
+            file,
+            start,
+            end,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+
+    /// Draws the per-file salt and nonce prefix, writes the header and the
+    /// stream header, and derives the file key.
+    fn begin_file<W: Write>(
+        &self,
+        output: &mut W,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<FileKeys> {
         let key_len = self.layout.key_len;
         let mut stream_header = vec![0u8; self.layout.stream_header_len()];
         stream_header[0] = stream_header.len() as u8;
@@ -140,17 +188,19 @@ impl Encryptor {
         )?;
         output.write_all(&self.header)?;
         output.write_all(&stream_header)?;
-        let n = stream::run(
-            Direction::Seal,
-            &self.backend,
-            &keys,
-            &mut input,
-            &mut output,
-            opts,
-        )?;
-        output.flush()?;
-        Ok(n)
+        Ok(keys)
     }
+}
+
+/// `(position, length)` of a regular file, or None for pipes and devices.
+fn regular_region(file: &File) -> Result<Option<(u64, u64)>> {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let mut f = file;
+    let pos = f.stream_position()?;
+    Ok(Some((pos, meta.len().max(pos))))
 }
 
 /// Decrypts files with a set of identities, caching session keys.
@@ -250,6 +300,54 @@ impl Decryptor {
         mut output: W,
         opts: &StreamOptions<'_>,
     ) -> Result<u64> {
+        let (backend, keys) = self.begin_payload(header, &mut input)?;
+        let n = stream::run(
+            Direction::Open,
+            &backend,
+            &keys,
+            &mut input,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+
+    /// Decrypts `file` from its current position. For a regular file the
+    /// workers read their segments themselves; anything else is streamed.
+    pub fn decrypt_file<W: Write + Send>(
+        &self,
+        file: &File,
+        mut output: W,
+        opts: &StreamOptions<'_>,
+    ) -> Result<u64> {
+        if regular_region(file)?.is_none() {
+            return self.decrypt(file, output, opts);
+        }
+        let mut input = file;
+        let header = Header::read_from(&mut input)?;
+        let (backend, keys) = self.begin_payload(&header, &mut input)?;
+        let (start, end) = regular_region(file)?.unwrap_or_default();
+        let n = stream::run_file(
+            Direction::Open,
+            &backend,
+            &keys,
+            file,
+            start,
+            end,
+            &mut output,
+            opts,
+        )?;
+        output.flush()?;
+        Ok(n)
+    }
+
+    /// Gets the session key, reads the stream header and derives the file key.
+    fn begin_payload<R: Read>(
+        &self,
+        header: &Header,
+        input: &mut R,
+    ) -> Result<(Arc<dyn Backend>, FileKeys)> {
         let key = self.session_key(header)?;
         let layout = Layout::new(&header.params)?;
         let backend = self
@@ -257,7 +355,7 @@ impl Decryptor {
             .clone()
             .unwrap_or_else(|| backend::default_for(header.params.mode, header.params.key_len));
         let mut stream_header = vec![0u8; layout.stream_header_len()];
-        if stream::read_full(&mut input, &mut stream_header)? < stream_header.len() {
+        if stream::read_full(input, &mut stream_header)? < stream_header.len() {
             return Err(Error::TruncatedHeader);
         }
         if stream_header[0] as usize != stream_header.len() {
@@ -274,16 +372,7 @@ impl Decryptor {
             header.raw(),
             nonce_prefix,
         )?;
-        let n = stream::run(
-            Direction::Open,
-            &backend,
-            &keys,
-            &mut input,
-            &mut output,
-            opts,
-        )?;
-        output.flush()?;
-        Ok(n)
+        Ok((backend, keys))
     }
 }
 

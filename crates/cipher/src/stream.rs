@@ -591,31 +591,7 @@ fn run_parallel<R: Read, W: Write + Send>(
         drop(job_rx);
         drop(done_tx);
 
-        let writer = scope.spawn(move || -> Result<u64> {
-            let mut pending = BTreeMap::new();
-            let mut next = 0u64;
-            let mut total = 0u64;
-            for done in done_rx {
-                pending.insert(done.index, done);
-                while let Some(done) = pending.remove(&next) {
-                    let (range, plain) = done.outcome?;
-                    output.write_all(&done.buf[range])?;
-                    total += plain;
-                    if let Some(progress) = progress {
-                        progress(total);
-                    }
-                    if done.last {
-                        return Ok(total);
-                    }
-                    next += 1;
-                    // The reader may have stopped already; then nobody needs it.
-                    let _ = pool_tx.send(done.buf);
-                }
-            }
-            Err(Error::Io(io::Error::other(
-                "segment pipeline stopped early",
-            )))
-        });
+        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
 
         let mut chunker = Chunker::new(input);
         let mut read_error = None;
@@ -637,27 +613,186 @@ fn run_parallel<R: Read, W: Write + Send>(
         drop(job_tx);
         drop(pool_rx);
 
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(Error::Backend("writer thread panicked".into())));
-        let mut worker_error = None;
-        for handle in worker_handles {
-            match handle.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => worker_error = worker_error.or(Some(e)),
-                Err(_) => {
-                    worker_error =
-                        worker_error.or(Some(Error::Backend("worker thread panicked".into())))
-                }
-            }
-        }
         if let Some(e) = read_error {
             return Err(Error::Io(e));
         }
-        match (written, worker_error) {
-            (Ok(total), _) => Ok(total),
-            (Err(_), Some(e)) => Err(e),
-            (Err(e), None) => Err(e),
+        join_pipeline(writer, worker_handles)
+    })
+}
+
+/// Writes finished segments strictly in index order, returning buffers to
+/// the pool. Stops at the first failed segment, so nothing after it is
+/// written; succeeds only once the last segment is written.
+fn ordered_writer<W: Write>(
+    done_rx: crossbeam_channel::Receiver<Done>,
+    output: &mut W,
+    pool_tx: &crossbeam_channel::Sender<Vec<u8>>,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<u64> {
+    let mut pending = BTreeMap::new();
+    let mut next = 0u64;
+    let mut total = 0u64;
+    for done in done_rx {
+        pending.insert(done.index, done);
+        while let Some(done) = pending.remove(&next) {
+            let (range, plain) = done.outcome?;
+            output.write_all(&done.buf[range])?;
+            total += plain;
+            if let Some(progress) = progress {
+                progress(total);
+            }
+            if done.last {
+                return Ok(total);
+            }
+            next += 1;
+            // The producers may have stopped already; then nobody needs it.
+            let _ = pool_tx.send(done.buf);
         }
+    }
+    Err(Error::Io(io::Error::other(
+        "segment pipeline stopped early",
+    )))
+}
+
+/// Joins the writer and the workers; the writer's error wins unless a
+/// worker failed before it could produce anything (e.g. a bad key).
+fn join_pipeline(
+    writer: std::thread::ScopedJoinHandle<'_, Result<u64>>,
+    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<()>>>,
+) -> Result<u64> {
+    let written = writer
+        .join()
+        .unwrap_or_else(|_| Err(Error::Backend("writer thread panicked".into())));
+    let mut worker_error = None;
+    for handle in workers {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => worker_error = worker_error.or(Some(e)),
+            Err(_) => {
+                worker_error =
+                    worker_error.or(Some(Error::Backend("worker thread panicked".into())))
+            }
+        }
+    }
+    match (written, worker_error) {
+        (Ok(total), _) => Ok(total),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// Offset of segment `index` within a region cut into a first segment of
+/// `first` bytes and further segments of `rest` bytes.
+fn segment_offset(index: u64, first: u64, rest: u64) -> u64 {
+    if index == 0 {
+        0
+    } else {
+        first + (index - 1) * rest
+    }
+}
+
+/// Number of segments for a region of `len` bytes (at least one: an empty
+/// input is one empty last segment).
+fn segment_count(len: u64, first: u64, rest: u64) -> u64 {
+    if len <= first {
+        1
+    } else {
+        1 + (len - first).div_ceil(rest)
+    }
+}
+
+/// As [`run`], for a regular file whose region `[start, end)` is known: the
+/// workers read their own segments with positional reads, so reading is
+/// parallel too and each segment is encrypted while still in cache. A
+/// single worker uses [`run`].
+#[allow(clippy::too_many_arguments)]
+pub fn run_file<W: Write + Send>(
+    direction: Direction,
+    backend: &Arc<dyn Backend>,
+    keys: &FileKeys,
+    file: &std::fs::File,
+    start: u64,
+    end: u64,
+    output: &mut W,
+    opts: &StreamOptions<'_>,
+) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let len = end.saturating_sub(start);
+    if opts.workers <= 1 {
+        let mut reader = file;
+        reader.seek(SeekFrom::Start(start))?;
+        let mut limited = Read::take(reader, len);
+        return run(direction, backend, keys, &mut limited, output, opts);
+    }
+    let layout = keys.layout;
+    let first = want(direction, &layout, 0) as u64;
+    let rest = want(direction, &layout, 1) as u64;
+    let count = segment_count(len, first, rest);
+    let workers = opts.workers;
+    let buffers = workers * 2 + 2;
+    let (done_tx, done_rx) = bounded::<Done>(buffers);
+    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(buffers);
+    for _ in 0..buffers {
+        let _ = pool_tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
+    }
+    let reserve = match (direction, layout.mode) {
+        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
+        _ => 0,
+    };
+    let next_index = AtomicU64::new(0);
+    let progress = opts.progress;
+
+    std::thread::scope(|scope| {
+        let mut worker_handles = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let done_tx = done_tx.clone();
+            let pool_rx = pool_rx.clone();
+            let next_index = &next_index;
+            worker_handles.push(scope.spawn(move || -> Result<()> {
+                let mut crypter = keys.crypter(backend)?;
+                // Take a buffer first, then an index: indices go out in
+                // order, and only to workers that can run them at once.
+                while let Ok(mut buf) = pool_rx.recv() {
+                    let index = next_index.fetch_add(1, Ordering::Relaxed);
+                    if index >= count {
+                        break;
+                    }
+                    let offset = segment_offset(index, first, rest);
+                    let cap = if index == 0 { first } else { rest };
+                    let seg_len = (len - offset).min(cap) as usize;
+                    buf.resize(reserve + seg_len, 0);
+                    let mut chunk = Chunk {
+                        index,
+                        last: index + 1 == count,
+                        buf,
+                    };
+                    let read = file.read_exact_at(&mut chunk.buf[reserve..], start + offset);
+                    let outcome = match read {
+                        Ok(()) => process(direction, &mut crypter, &mut chunk),
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Io(
+                            io::Error::other("the input shrank while it was being read"),
+                        )),
+                        Err(e) => Err(Error::Io(e)),
+                    };
+                    let done = Done {
+                        index: chunk.index,
+                        last: chunk.last,
+                        buf: chunk.buf,
+                        outcome,
+                    };
+                    if done_tx.send(done).is_err() {
+                        break;
+                    }
+                }
+                Ok(())
+            }));
+        }
+        drop(done_tx);
+        drop(pool_rx);
+        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
+        join_pipeline(writer, worker_handles)
     })
 }

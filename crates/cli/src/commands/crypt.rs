@@ -80,7 +80,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     let opts = run_options(&args.files, ui, !args.allow_tty);
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
-        encryptor.encrypt(input, output, stream)
+        encryptor.encrypt_file(input, output, stream)
     });
     Ok(finish(summary, ui, "encrypted", None))
 }
@@ -99,7 +99,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     let opts = run_options(&args.files, ui, false);
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
-        decryptor.decrypt(input, output, stream)
+        decryptor.decrypt_file(input, output, stream)
     });
     Ok(finish(
         summary,

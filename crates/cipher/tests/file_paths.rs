@@ -1,0 +1,167 @@
+//! The positional-read engine (`Encryptor::encrypt_file`,
+//! `Decryptor::decrypt_file` on regular files, several workers) must write
+//! the same bytes and fail the same way as the streaming engine.
+
+use std::fs::{self, File};
+use std::io::{Seek, SeekFrom, Write};
+
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use tpmcrypt_cipher::recipient::{Identity, Recipient};
+use tpmcrypt_cipher::recovery::RecoveryKey;
+use tpmcrypt_cipher::stream::Layout;
+use tpmcrypt_cipher::{Decryptor, Encryptor, Error, Mode, Params, StreamOptions};
+
+fn key() -> RecoveryKey {
+    RecoveryKey::generate(&mut ChaCha20Rng::seed_from_u64(7))
+}
+
+fn data(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+fn file_with(dir: &std::path::Path, name: &str, bytes: &[u8]) -> File {
+    let path = dir.join(name);
+    fs::write(&path, bytes).unwrap();
+    File::open(path).unwrap()
+}
+
+#[test]
+fn positional_reads_round_trip_at_segment_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let identity: Box<dyn Identity> = Box::new(key().into_identity().unwrap());
+    let decryptor = Decryptor::new(vec![identity]);
+    for (mode, bits, seg) in [
+        (Mode::Gcm, 256, 200u32),
+        (Mode::Gcm, 128, 97),
+        (Mode::Cbc, 192, 168),
+        (Mode::Cbc, 256, 160),
+    ] {
+        let params = Params::new(mode, bits)
+            .unwrap()
+            .with_segment_size(seg)
+            .unwrap();
+        let layout = Layout::new(&params).unwrap();
+        let (p0, p) = (
+            layout.plaintext_segment_len(0),
+            layout.plaintext_segment_len(1),
+        );
+        let encryptor = Encryptor::new(&recipients, params).unwrap();
+        let sizes = [
+            0,
+            1,
+            p0 - 1,
+            p0,
+            p0 + 1,
+            p0 + p - 1,
+            p0 + p,
+            p0 + p + 1,
+            p0 + 9 * p + 3,
+        ];
+        for len in sizes {
+            for workers in [1, 2, 3] {
+                let plain = data(len);
+                let input = file_with(dir.path(), "in", &plain);
+                let opts = StreamOptions::parallel(workers);
+                let mut sealed = Vec::new();
+                let n = encryptor.encrypt_file(&input, &mut sealed, &opts).unwrap();
+                assert_eq!(n as usize, len);
+                let ct = file_with(dir.path(), "ct", &sealed);
+                let mut opened = Vec::new();
+                decryptor.decrypt_file(&ct, &mut opened, &opts).unwrap();
+                assert_eq!(opened, plain, "{mode:?}/{bits} len {len} workers {workers}");
+                // The streaming decryptor reads the same bytes.
+                let mut streamed = Vec::new();
+                decryptor
+                    .decrypt(&sealed[..], &mut streamed, &opts)
+                    .unwrap();
+                assert_eq!(streamed, plain);
+            }
+        }
+    }
+    assert_eq!(decryptor.unwrap_count(), 4, "one unwrap per session");
+}
+
+#[test]
+fn positional_reads_start_at_the_current_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let params = Params::new(Mode::Gcm, 256)
+        .unwrap()
+        .with_segment_size(100)
+        .unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    let plain = data(1000);
+    let mut input = file_with(dir.path(), "in", &plain);
+    input.seek(SeekFrom::Start(10)).unwrap();
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt_file(&input, &mut sealed, &StreamOptions::parallel(2))
+        .unwrap();
+    let decryptor = Decryptor::new(vec![
+        Box::new(key().into_identity().unwrap()) as Box<dyn Identity>
+    ]);
+    let mut opened = Vec::new();
+    decryptor
+        .decrypt(&sealed[..], &mut opened, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(opened, &plain[10..]);
+}
+
+#[test]
+fn positional_reads_detect_tampering_truncation_and_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let params = Params::new(Mode::Gcm, 256)
+        .unwrap()
+        .with_segment_size(128)
+        .unwrap();
+    let layout = Layout::new(&params).unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    let plain = data(layout.plaintext_segment_len(0) + 5 * layout.plaintext_segment_len(1) + 7);
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(&plain[..], &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+    let header_len = sealed.len() - layout.payload_len(plain.len() as u64) as usize;
+    let seg2 = header_len + 128 + 128 + 10;
+    let decryptor = Decryptor::new(vec![
+        Box::new(key().into_identity().unwrap()) as Box<dyn Identity>
+    ]);
+    let opts = StreamOptions::parallel(3);
+
+    let mut bad = sealed.clone();
+    bad[seg2] ^= 1;
+    let mut out = Vec::new();
+    let err = decryptor
+        .decrypt_file(&file_with(dir.path(), "t", &bad), &mut out, &opts)
+        .unwrap_err();
+    assert!(matches!(err, Error::SegmentAuth { index: 2 }), "{err}");
+    assert_eq!(
+        out,
+        &plain[..layout.plaintext_segment_len(0) + layout.plaintext_segment_len(1)]
+    );
+
+    let cut = &sealed[..header_len + 128 * 3];
+    let err = decryptor
+        .decrypt_file(&file_with(dir.path(), "c", cut), &mut Vec::new(), &opts)
+        .unwrap_err();
+    assert!(matches!(err, Error::Truncated { index: 2 }), "{err}");
+
+    let mut long = sealed.clone();
+    long.write_all(b"x").unwrap();
+    let err = decryptor
+        .decrypt_file(&file_with(dir.path(), "a", &long), &mut Vec::new(), &opts)
+        .unwrap_err();
+    assert!(err.is_integrity(), "{err}");
+
+    let err = decryptor
+        .decrypt_file(
+            &file_with(dir.path(), "h", &sealed[..header_len - 3]),
+            &mut Vec::new(),
+            &opts,
+        )
+        .unwrap_err();
+    assert!(err.is_integrity(), "{err}");
+}
