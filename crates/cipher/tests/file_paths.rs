@@ -145,21 +145,21 @@ fn positional_reads_detect_tampering_truncation_and_appending() {
 
     let cut = &sealed[..header_len + 128 * 3];
     let err = decryptor
-        .decrypt_file(&file_with(dir.path(), "c", cut), &mut Vec::new(), &opts)
+        .decrypt_file(&file_with(dir.path(), "c", cut), Vec::new(), &opts)
         .unwrap_err();
     assert!(matches!(err, Error::Truncated { index: 2 }), "{err}");
 
     let mut long = sealed.clone();
     long.write_all(b"x").unwrap();
     let err = decryptor
-        .decrypt_file(&file_with(dir.path(), "a", &long), &mut Vec::new(), &opts)
+        .decrypt_file(&file_with(dir.path(), "a", &long), Vec::new(), &opts)
         .unwrap_err();
     assert!(err.is_integrity(), "{err}");
 
     let err = decryptor
         .decrypt_file(
             &file_with(dir.path(), "h", &sealed[..header_len - 3]),
-            &mut Vec::new(),
+            Vec::new(),
             &opts,
         )
         .unwrap_err();
