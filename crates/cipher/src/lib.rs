@@ -27,5 +27,5 @@ pub use error::{Error, Result};
 pub use format::{Header, Mode, Params, Stanza};
 pub use recipient::{Identity, Recipient};
 pub use secret::SessionKey;
-pub use session::{Decryptor, Encryptor};
+pub use session::{Decryptor, Encryptor, SessionCache};
 pub use stream::StreamOptions;

@@ -203,10 +203,20 @@ fn regular_region(file: &File) -> Result<Option<(u64, u64)>> {
     Ok(Some((pos, meta.len().max(pos))))
 }
 
+/// A session-key cache that outlives one process (the agent): asked
+/// before any identity, told about every key an identity unwrapped.
+pub trait SessionCache: Send + Sync {
+    /// The key cached under `stanza_digest`, if any.
+    fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey>;
+    /// Offers a freshly unwrapped key.
+    fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey);
+}
+
 /// Decrypts files with a set of identities, caching session keys.
 pub struct Decryptor {
     identities: Vec<Box<dyn Identity>>,
     cache: Mutex<HashMap<[u8; 32], Arc<SessionKey>>>,
+    external: Option<Box<dyn SessionCache>>,
     unwraps: AtomicU64,
     backend: Option<Arc<dyn Backend>>,
 }
@@ -217,6 +227,7 @@ impl Decryptor {
         Decryptor {
             identities,
             cache: Mutex::new(HashMap::new()),
+            external: None,
             unwraps: AtomicU64::new(0),
             backend: None,
         }
@@ -225,6 +236,12 @@ impl Decryptor {
     /// Forces a backend (default: [`backend::default_for`] the file's mode).
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = Some(backend);
+        self
+    }
+
+    /// Consults `cache` before the identities and feeds it what they unwrap.
+    pub fn with_session_cache(mut self, cache: Box<dyn SessionCache>) -> Self {
+        self.external = Some(cache);
         self
     }
 
@@ -262,8 +279,19 @@ impl Decryptor {
             verify_header(header, key)?;
             return Ok(key.clone());
         }
+        if let Some(key) = self.external.as_ref().and_then(|c| c.get(&digest)) {
+            // A key that fails the MAC is ignored: the identities decide.
+            if verify_header(header, &key).is_ok() {
+                let key = Arc::new(key);
+                cache.insert(digest, key.clone());
+                return Ok(key);
+            }
+        }
         let key = self.unwrap_any(header)?;
         verify_header(header, &key)?;
+        if let Some(external) = &self.external {
+            external.put(&digest, &key);
+        }
         let key = Arc::new(key);
         cache.insert(digest, key.clone());
         Ok(key)

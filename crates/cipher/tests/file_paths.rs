@@ -165,3 +165,65 @@ fn positional_reads_detect_tampering_truncation_and_appending() {
         .unwrap_err();
     assert!(err.is_integrity(), "{err}");
 }
+
+/// An external cache (the agent) is asked first and fed what was unwrapped;
+/// a wrong cached key is ignored, not trusted.
+#[test]
+fn external_session_cache_is_consulted_and_fed() {
+    use std::sync::{Arc, Mutex};
+    use tpmcrypt_cipher::{SessionCache, SessionKey};
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<([u8; 32], [u8; 32])>>>);
+    impl SessionCache for Shared {
+        fn get(&self, digest: &[u8; 32]) -> Option<SessionKey> {
+            let v = self.0.lock().unwrap();
+            v.iter()
+                .find(|(d, _)| d == digest)
+                .map(|(_, k)| SessionKey::from_bytes(k))
+        }
+        fn put(&self, digest: &[u8; 32], key: &SessionKey) {
+            self.0.lock().unwrap().push((*digest, *key.expose()));
+        }
+    }
+
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let params = Params::new(Mode::Gcm, 256).unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(&b"agent"[..], &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+
+    let shared = Shared::default();
+    let first = Decryptor::new(vec![
+        Box::new(key().into_identity().unwrap()) as Box<dyn Identity>
+    ])
+    .with_session_cache(Box::new(shared.clone()));
+    first
+        .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(first.unwrap_count(), 1);
+    assert_eq!(
+        shared.0.lock().unwrap().len(),
+        1,
+        "the unwrapped key was offered"
+    );
+
+    // A second process with no identity at all decrypts from the cache.
+    let second = Decryptor::new(vec![]).with_session_cache(Box::new(shared.clone()));
+    let mut out = Vec::new();
+    second
+        .decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, b"agent");
+    assert_eq!(second.unwrap_count(), 0);
+
+    // A wrong key in the cache is not trusted.
+    shared.0.lock().unwrap()[0].1 = [0u8; 32];
+    let third = Decryptor::new(vec![]).with_session_cache(Box::new(shared));
+    let err = third
+        .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap_err();
+    assert!(matches!(err, Error::NoMatchingIdentity), "{err}");
+}
