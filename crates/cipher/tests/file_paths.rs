@@ -173,8 +173,9 @@ fn external_session_cache_is_consulted_and_fed() {
     use std::sync::{Arc, Mutex};
     use tpmcrypt_cipher::{SessionCache, SessionKey};
 
+    type Entries = Vec<([u8; 32], [u8; 32])>;
     #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<([u8; 32], [u8; 32])>>>);
+    struct Shared(Arc<Mutex<Entries>>);
     impl SessionCache for Shared {
         fn get(&self, digest: &[u8; 32]) -> Option<SessionKey> {
             let v = self.0.lock().unwrap();
