@@ -106,6 +106,16 @@ impl Encryptor {
         self.layout
     }
 
+    /// A decryptor that already holds this session's key, so a writer can
+    /// verify its own ciphertext without any identity (or TPM) before it
+    /// deletes a plaintext.
+    pub fn verifier(&self) -> Result<Decryptor> {
+        let header = Header::read_from(&mut &self.header[..])?;
+        let decryptor = Decryptor::new(Vec::new()).with_backend(self.backend.clone());
+        decryptor.insert_session_key(&header, SessionKey::from_bytes(self.session_key.expose()))?;
+        Ok(decryptor)
+    }
+
     /// Encrypts one file with a fresh random salt and nonce prefix.
     pub fn encrypt<R: Read, W: Write + Send>(
         &self,

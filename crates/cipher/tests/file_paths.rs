@@ -228,3 +228,28 @@ fn external_session_cache_is_consulted_and_fed() {
         .unwrap_err();
     assert!(matches!(err, Error::NoMatchingIdentity), "{err}");
 }
+
+#[test]
+fn verifier_opens_the_sessions_files_without_identities() {
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let encryptor = Encryptor::new(&recipients, Params::new(Mode::Cbc, 128).unwrap()).unwrap();
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(&data(5000)[..], &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+    let verifier = encryptor.verifier().unwrap();
+    let mut out = Vec::new();
+    verifier
+        .decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, data(5000));
+    assert_eq!(verifier.unwrap_count(), 0);
+    let other = Encryptor::new(&recipients, Params::new(Mode::Cbc, 128).unwrap()).unwrap();
+    let mut foreign = Vec::new();
+    other
+        .encrypt(&b"x"[..], &mut foreign, &StreamOptions::sequential())
+        .unwrap();
+    assert!(verifier
+        .decrypt(&foreign[..], Vec::new(), &StreamOptions::sequential())
+        .is_err());
+}
