@@ -17,6 +17,10 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
+    /// Key directory (default: $XDG_DATA_HOME/tpmcrypt).
+    #[arg(long, global = true, env = "TPMCRYPT_HOME", value_name = "DIR")]
+    pub keystore: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -30,6 +34,8 @@ pub enum Command {
     Decrypt(DecryptArgs),
     /// Print a file's header without decrypting it.
     Inspect(InspectArgs),
+    /// Keep a directory encrypted: encrypt every file that lands in it.
+    Watch(crate::commands::watch::WatchArgs),
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(RecoveryCommand),

@@ -49,3 +49,33 @@ pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
     let key = RecoveryKey::parse(&text).with_context(|| path.display().to_string())?;
     Ok(Box::new(key.into_identity()?))
 }
+
+/// Opens the keystore named by `--keystore`/`TPMCRYPT_HOME`, or the default.
+pub fn keystore(ui: &crate::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
+    Ok(match &ui.keystore {
+        Some(dir) => tpmcrypt_tpmkey::Keystore::open(dir)?,
+        None => tpmcrypt_tpmkey::Keystore::open_default()?,
+    })
+}
+
+/// The recipients a file encrypted to keystore key `name` gets: the key's
+/// public half (no TPM needed) and any recovery recipients recorded for it.
+pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
+    let store = keystore(ui)?;
+    tpmcrypt_tpmkey::keystore::validate_name(name)?;
+    let pub_path = store.pub_path(name);
+    let pem = fs::read(&pub_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            usage(format!(
+                "no key named {name:?} in {}",
+                store.dir().display()
+            ))
+        } else {
+            anyhow::Error::from(e).context(pub_path.display().to_string())
+        }
+    })?;
+    let recipients =
+        vec![recipient::tpm_recipient_from_pem(&pem)
+            .with_context(|| pub_path.display().to_string())?];
+    Ok(recipients)
+}

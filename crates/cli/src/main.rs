@@ -19,6 +19,8 @@ pub struct Ui {
     pub verbose: bool,
     /// No progress bars.
     pub quiet: bool,
+    /// `--keystore`, if given.
+    pub keystore: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -39,11 +41,13 @@ fn main() {
     let ui = Ui {
         verbose: cli.verbose,
         quiet: cli.quiet,
+        keystore: cli.keystore.clone(),
     };
     let result = match &cli.command {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
         Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Watch(a) => commands::watch::run(a, &ui),
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Completions { shell } => {
             clap_complete::generate(

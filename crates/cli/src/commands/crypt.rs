@@ -58,11 +58,14 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if let Some(size) = args.segment_size {
         params = params.with_segment_size(size)?;
     }
-    let recipients = args
+    let mut recipients = args
         .recipients
         .iter()
         .map(|r| keys::parse_recipient(r))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    for name in &args.keys {
+        recipients.extend(keys::key_recipients(ui, name)?);
+    }
     let tasks = files::plan(&args.files, Naming::Encrypt)?;
     let mut encryptor = Encryptor::new(&recipients, params)?;
     if let Some(b) = chosen_backend(args.files.backend)? {

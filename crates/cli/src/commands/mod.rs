@@ -3,3 +3,4 @@
 pub mod crypt;
 pub mod inspect;
 pub mod recovery;
+pub mod watch;
