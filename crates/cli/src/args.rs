@@ -145,9 +145,14 @@ pub struct EncryptArgs {
         short = 'R',
         long = "recipient",
         value_name = "RECIPIENT",
-        required = true
+        required_unless_present = "keys"
     )]
     pub recipients: Vec<String>,
+
+    /// A TPM key from the keystore, by name (its public half only: no TPM
+    /// is needed to encrypt). Its recovery recipients are added too.
+    #[arg(short = 'k', long = "key", value_name = "NAME")]
+    pub keys: Vec<String>,
 
     /// Payload mode.
     #[arg(long, value_enum, default_value_t = ModeArg::Gcm)]
