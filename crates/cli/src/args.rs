@@ -36,6 +36,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Keep a directory encrypted: encrypt every file that lands in it.
     Watch(crate::commands::watch::WatchArgs),
+    /// Measure where the time goes: TPM unbind vs bulk AES, by file size.
+    Bench(crate::commands::bench::BenchArgs),
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(RecoveryCommand),

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod crypt;
 pub mod inspect;
 pub mod recovery;
