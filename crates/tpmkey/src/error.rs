@@ -37,7 +37,7 @@ pub enum Error {
     #[error(
         "cannot reach the TPM via TCTI '{tcti}': {detail}. Check that the machine has a TPM 2.0 \
          and that you may use it (e.g. /dev/tpmrm0 is usually group 'tss'), or select another one \
-         with --tcti / TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: \
+         with --tpm / TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: \
          NOT secure, keys are not protected by hardware)"
     )]
     Unavailable { tcti: String, detail: String },

@@ -14,8 +14,10 @@
 //! * [`pcr`]       – PCR selections such as `sha256:0,7`.
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
+//! * [`agent`]     – the session-key agent: protocol, client, server.
 //! * [`error`]     – the [`Error`] type and how it maps to CLI exit codes.
 
+pub mod agent;
 mod der;
 pub mod error;
 pub mod keyfile;

@@ -215,7 +215,14 @@ mod tests {
             "sha1:0,1,2"
         );
         for bad in [
-            "", "sha256", "sha256:", "sha384:0", "sha256:24", "sha256:a", "sha256:3-1", ":1",
+            "",
+            "sha256",
+            "sha256:",
+            "sha384:0",
+            "sha256:24",
+            "sha256:a",
+            "sha256:3-1",
+            ":1",
         ] {
             assert!(PcrSelection::parse(bad).is_err(), "{bad}");
         }

@@ -134,11 +134,7 @@ impl FromStr for Tcti {
         match name {
             "device" => {
                 let path = conf.strip_prefix("path=").unwrap_or(conf);
-                let path = if path.is_empty() {
-                    "/dev/tpmrm0"
-                } else {
-                    path
-                };
+                let path = if path.is_empty() { "/dev/tpmrm0" } else { path };
                 if !path.starts_with('/') {
                     return Err(Error::InvalidInput(format!(
                         "device TCTI needs an absolute device path, got '{path}'"

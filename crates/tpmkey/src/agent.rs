@@ -1,0 +1,480 @@
+//! The session-key agent: a per-user process that holds unwrapped session
+//! keys for a bounded time, so that a user who decrypts ten files one
+//! command at a time pays one TPM operation, not ten.
+//!
+//! It knows nothing of payload encryption: it stores 32-byte secrets under
+//! 32-byte ids (the hash of a wrapped session key).
+//!
+//! # Protocol
+//! One request per connection on a Unix stream socket
+//! (`$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, mode 0600 in a 0700 directory;
+//! `TPMCRYPT_AGENT_SOCK` overrides). The agent accepts only peers with its
+//! own uid (SO_PEERCRED).
+//!
+//! ```text
+//! request  = version (1) ‖ op (1) ‖ body
+//!   op 1 GET   body = id (32)              response = 0x00 ‖ secret (32) | 0x01 (absent)
+//!   op 2 PUT   body = id (32) ‖ secret (32) response = 0x00
+//!   op 3 STOP  body = ∅                    response = 0x00, then the agent wipes and exits
+//!   op 4 PING  body = ∅                    response = 0x00 ‖ entries (u32 BE)
+//! ```
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use zeroize::Zeroize;
+
+use crate::error::{Error, Result};
+
+/// Environment variable overriding the socket path.
+pub const ENV_SOCK: &str = "TPMCRYPT_AGENT_SOCK";
+const VERSION: u8 = 1;
+const OP_GET: u8 = 1;
+const OP_PUT: u8 = 2;
+const OP_STOP: u8 = 3;
+const OP_PING: u8 = 4;
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Id of a secret (SHA-256 of the wrapped session key).
+pub type SecretId = [u8; 32];
+
+/// A 32-byte secret in locked memory, wiped on drop.
+pub struct LockedSecret {
+    bytes: Box<[u8; 32]>,
+    locked: bool,
+}
+
+impl LockedSecret {
+    /// Copies `bytes` into locked memory.
+    pub fn new(bytes: &[u8; 32]) -> Self {
+        let mut boxed = Box::new([0u8; 32]);
+        // SAFETY: the box is a live 32-byte allocation; mlock only pins it.
+        let locked = unsafe { libc::mlock(boxed.as_ptr().cast(), 32) == 0 };
+        boxed.copy_from_slice(bytes);
+        LockedSecret {
+            bytes: boxed,
+            locked,
+        }
+    }
+
+    /// The secret.
+    pub fn expose(&self) -> &[u8; 32] {
+        &self.bytes
+    }
+}
+
+impl Drop for LockedSecret {
+    fn drop(&mut self) {
+        self.bytes.zeroize();
+        if self.locked {
+            // SAFETY: same live allocation as in `new`.
+            unsafe {
+                libc::munlock(self.bytes.as_ptr().cast(), 32);
+            }
+        }
+    }
+}
+
+/// The default socket path.
+pub fn socket_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(ENV_SOCK).filter(|s| !s.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        // SAFETY: getuid cannot fail.
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/tpmcrypt-{}", unsafe { libc::getuid() })));
+    base.join("tpmcrypt").join("agent.sock")
+}
+
+fn io_err(path: &Path, e: io::Error) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// A client of a running agent.
+pub struct AgentClient {
+    path: PathBuf,
+}
+
+impl AgentClient {
+    /// A client for the agent at `path`, if one answers there.
+    pub fn connect(path: &Path) -> Option<AgentClient> {
+        let client = AgentClient {
+            path: path.to_path_buf(),
+        };
+        client.ping().ok().map(|_| client)
+    }
+
+    fn call(&self, request: &[u8], response_len: usize) -> io::Result<Vec<u8>> {
+        let mut stream = UnixStream::connect(&self.path)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        stream.write_all(request)?;
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let mut out = Vec::with_capacity(response_len);
+        stream.take(response_len as u64).read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    /// Number of secrets held.
+    pub fn ping(&self) -> io::Result<u32> {
+        let r = self.call(&[VERSION, OP_PING], 5)?;
+        match r.as_slice() {
+            [0, a, b, c, d] => Ok(u32::from_be_bytes([*a, *b, *c, *d])),
+            _ => Err(io::Error::other("bad agent response")),
+        }
+    }
+
+    /// The secret stored under `id`, if any.
+    pub fn get(&self, id: &SecretId) -> io::Result<Option<LockedSecret>> {
+        let mut req = vec![VERSION, OP_GET];
+        req.extend_from_slice(id);
+        let mut r = self.call(&req, 33)?;
+        let out = match r.as_slice() {
+            [0, rest @ ..] if rest.len() == 32 => {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(rest);
+                let secret = LockedSecret::new(&key);
+                key.zeroize();
+                Some(secret)
+            }
+            [1] => None,
+            _ => {
+                r.zeroize();
+                return Err(io::Error::other("bad agent response"));
+            }
+        };
+        r.zeroize();
+        Ok(out)
+    }
+
+    /// Stores `secret` under `id`.
+    pub fn put(&self, id: &SecretId, secret: &[u8; 32]) -> io::Result<()> {
+        let mut req = Vec::with_capacity(66);
+        req.extend_from_slice(&[VERSION, OP_PUT]);
+        req.extend_from_slice(id);
+        req.extend_from_slice(secret);
+        let result = self.call(&req, 1);
+        req.zeroize();
+        match result?.as_slice() {
+            [0] => Ok(()),
+            _ => Err(io::Error::other("the agent refused the key")),
+        }
+    }
+
+    /// Asks the agent to wipe everything and exit.
+    pub fn stop(&self) -> io::Result<()> {
+        self.call(&[VERSION, OP_STOP], 1).map(|_| ())
+    }
+}
+
+/// A running agent's state.
+pub struct Agent {
+    listener: UnixListener,
+    path: PathBuf,
+    ttl: Duration,
+    secrets: HashMap<SecretId, (LockedSecret, Instant)>,
+}
+
+impl Agent {
+    /// Binds the socket at `path` (creating its directory 0700, the socket
+    /// 0600). Refuses if another agent answers there; removes a stale socket.
+    pub fn bind(path: &Path, ttl: Duration) -> Result<Agent> {
+        if let Some(dir) = path.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| io_err(dir, e))?;
+        }
+        if path.exists() {
+            if AgentClient::connect(path).is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "an agent is already running at {}",
+                    path.display()
+                )));
+            }
+            fs::remove_file(path).map_err(|e| io_err(path, e))?;
+        }
+        // SAFETY: umask cannot fail; restored right after bind so the socket
+        // is never group/world accessible, not even briefly.
+        let old = unsafe { libc::umask(0o177) };
+        let bound = UnixListener::bind(path);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let listener = bound.map_err(|e| io_err(path, e))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_err(path, e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err(path, e))?;
+        Ok(Agent {
+            listener,
+            path: path.to_path_buf(),
+            ttl,
+            secrets: HashMap::new(),
+        })
+    }
+
+    /// Serves until STOP or until `stop` is set (e.g. by SIGTERM); expired
+    /// secrets are wiped as their time runs out. Everything is wiped and the
+    /// socket removed on return.
+    pub fn serve(mut self, stop: &AtomicBool) -> Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            self.expire();
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.handle(stream) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(&self.path, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Secrets currently held.
+    pub fn len(&self) -> usize {
+        self.secrets.len()
+    }
+
+    /// Whether no secret is held.
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty()
+    }
+
+    fn expire(&mut self) {
+        let now = Instant::now();
+        self.secrets.retain(|_, (_, expires)| *expires > now);
+    }
+
+    /// Handles one connection; returns true on STOP.
+    fn handle(&mut self, mut stream: UnixStream) -> bool {
+        if !peer_is_us(&stream) {
+            return false;
+        }
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+        let mut req = Vec::with_capacity(66);
+        if (&mut stream).take(66).read_to_end(&mut req).is_err() {
+            req.zeroize();
+            return false;
+        }
+        let mut stop = false;
+        let response: Vec<u8> = match req.as_slice() {
+            [VERSION, OP_GET, id @ ..] if id.len() == 32 => {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(id);
+                match self.secrets.get(&key) {
+                    Some((secret, _)) => {
+                        let mut r = vec![0u8];
+                        r.extend_from_slice(secret.expose());
+                        r
+                    }
+                    None => vec![1],
+                }
+            }
+            [VERSION, OP_PUT, rest @ ..] if rest.len() == 64 => {
+                let mut id = [0u8; 32];
+                id.copy_from_slice(&rest[..32]);
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&rest[32..]);
+                self.secrets
+                    .insert(id, (LockedSecret::new(&key), Instant::now() + self.ttl));
+                key.zeroize();
+                vec![0]
+            }
+            [VERSION, OP_STOP] => {
+                stop = true;
+                vec![0]
+            }
+            [VERSION, OP_PING] => {
+                let mut r = vec![0u8];
+                r.extend_from_slice(&(self.secrets.len() as u32).to_be_bytes());
+                r
+            }
+            _ => vec![2],
+        };
+        req.zeroize();
+        let mut response = response;
+        let _ = stream.write_all(&response);
+        response.zeroize();
+        stop
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.secrets.clear();
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// SO_PEERCRED: only our own uid may talk to the agent.
+fn peer_is_us(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid out-pointers of the right size.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: getuid cannot fail.
+    rc == 0 && cred.uid == unsafe { libc::getuid() }
+}
+
+/// Parses durations like `15m`, `90s`, `2h`, `1h30m`.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let bad = || Error::InvalidInput(format!("invalid duration {s:?} (e.g. 90s, 15m, 2h)"));
+    let mut total = 0u64;
+    let mut num = String::new();
+    for c in s.trim().chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        num.clear();
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+    }
+    if !num.is_empty() {
+        total = total
+            .checked_add(num.parse::<u64>().map_err(|_| bad())?)
+            .ok_or_else(bad)?;
+    }
+    if total == 0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
+        for bad in ["", "0s", "m", "5x", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn put_get_expire_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/agent.sock");
+        let agent = Agent::bind(&path, Duration::from_millis(600)).unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || agent.serve(&flag));
+
+        let client = AgentClient::connect(&path).expect("agent answers");
+        assert!(
+            Agent::bind(&path, Duration::from_secs(1)).is_err(),
+            "second agent refused"
+        );
+        let id = [7u8; 32];
+        assert!(client.get(&id).unwrap().is_none());
+        client.put(&id, &[9u8; 32]).unwrap();
+        assert_eq!(client.get(&id).unwrap().unwrap().expose(), &[9u8; 32]);
+        assert_eq!(client.ping().unwrap(), 1);
+        std::thread::sleep(Duration::from_millis(800));
+        assert!(client.get(&id).unwrap().is_none(), "expired");
+        assert_eq!(client.ping().unwrap(), 0);
+
+        client.put(&id, &[1u8; 32]).unwrap();
+        client.stop().unwrap();
+        server.join().unwrap().unwrap();
+        assert!(!path.exists(), "socket removed on stop");
+        assert!(AgentClient::connect(&path).is_none());
+    }
+
+    #[test]
+    fn sigterm_flag_stops_and_wipes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || agent.serve(&flag));
+        let client = AgentClient::connect(&path).unwrap();
+        client.put(&[1; 32], &[2; 32]).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap().unwrap();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn malformed_requests_get_an_error_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || agent.serve(&flag));
+        for req in [
+            &[][..],
+            &[1][..],
+            &[9, 1][..],
+            &[1, 1, 0, 0][..],
+            &[1, 2, 3][..],
+        ] {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(req).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).unwrap();
+            assert_eq!(out, vec![2], "{req:?}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap().unwrap();
+    }
+}

@@ -1,0 +1,622 @@
+//! Key files: [`KeyBlob`] ⇄ the standard `TSS2 PRIVATE KEY` PEM.
+//!
+//! The format (draft-bottomley-tpm2-keys, used by tpm2-tools'
+//! `tpm2_encodeobject`/`tpm2_load -r`, tpm2-openssl, openssl_tpm2_engine and
+//! the kernel's trusted keys) is
+//!
+//! ```text
+//! TPMKey ::= SEQUENCE {
+//!     type        OBJECT IDENTIFIER,            -- 2.23.133.10.1.3 loadable key
+//!     emptyAuth   [0] EXPLICIT BOOLEAN OPTIONAL,
+//!     policy      [1] EXPLICIT SEQUENCE OF TPMPolicy OPTIONAL,
+//!     secret      [2] EXPLICIT OCTET STRING OPTIONAL,   -- importable keys only
+//!     authPolicy  [3] EXPLICIT SEQUENCE OF TPMAuthPolicy OPTIONAL,
+//!     description [4] EXPLICIT UTF8String OPTIONAL,
+//!     rsaParent   [5] EXPLICIT BOOLEAN OPTIONAL,
+//!     parent      INTEGER,                       -- 0x40000001 or 0x81xxxxxx
+//!     pubkey      OCTET STRING,                  -- TPM2B_PUBLIC
+//!     privkey     OCTET STRING }                 -- TPM2B_PRIVATE
+//! TPMPolicy ::= SEQUENCE {
+//!     commandCode   [0] EXPLICIT INTEGER,
+//!     commandPolicy [1] EXPLICIT OCTET STRING }  -- command parameters
+//! ```
+//!
+//! Using the standard format means keys made here can be inspected and used by
+//! stock tools, and keys made by those tools can be imported.  We write the
+//! policy the way the kernel and openssl_tpm2_engine do: TPM2_PolicyPCR with
+//! `pcrDigest || TPML_PCR_SELECTION`, then TPM2_PolicyAuthValue with empty
+//! parameters.
+
+use base64::Engine as _;
+use openssl::bn::{BigNum, BigNumContext};
+use openssl::ec::{EcGroup, EcKey};
+use openssl::nid::Nid;
+use openssl::pkey::{PKey, Public as PkPublic};
+use openssl::rsa::Rsa;
+use tss_esapi::interface_types::ecc::EccCurve;
+use tss_esapi::structures::{Private, Public, PublicBuffer};
+use tss_esapi::traits::{Marshall, UnMarshall};
+
+use crate::der::{self, DerError, Reader};
+use crate::error::{Error, Result};
+use crate::pcr::PcrSelection;
+
+/// DER of OID 2.23.133.10.1.3 (id-loadablekey).
+const OID_LOADABLE_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x03];
+/// DER of OID 2.23.133.10.1.4 (id-importablekey).
+const OID_IMPORTABLE_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x04];
+/// DER of OID 2.23.133.10.1.5 (id-sealedkey).
+const OID_SEALED_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x05];
+
+const PEM_LABEL: &str = "TSS2 PRIVATE KEY";
+
+/// TPM_CC_PolicyPCR.
+pub const TPM_CC_POLICY_PCR: u32 = 0x0000_017F;
+/// TPM_CC_PolicyAuthValue.
+pub const TPM_CC_POLICY_AUTH_VALUE: u32 = 0x0000_016B;
+
+/// Parent handle meaning "the primary derived from the owner hierarchy with
+/// the standard SRK template" (created on the fly, never persisted).
+pub const PARENT_OWNER_PRIMARY: u32 = 0x4000_0001;
+/// Conventional persistent SRK handle.
+pub const PARENT_PERSISTENT_SRK: u32 = 0x8100_0001;
+
+/// Largest TPM2B we accept (TPM2B sizes are u16 anyway).
+const MAX_TPM2B: usize = 0xFFFF;
+
+/// The asymmetric algorithm of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyAlg {
+    /// RSA-2048, unbound with TPM2_RSA_Decrypt (OAEP, SHA-256).
+    Rsa2048,
+    /// NIST P-256, unbound with TPM2_ECDH_ZGen.
+    EccP256,
+}
+
+impl KeyAlg {
+    /// Short name used in metadata and the CLI (`rsa2048`, `ecc-p256`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyAlg::Rsa2048 => "rsa2048",
+            KeyAlg::EccP256 => "ecc-p256",
+        }
+    }
+
+    /// Parses the names produced by [`KeyAlg::as_str`] (plus a few aliases).
+    pub fn parse(s: &str) -> Result<KeyAlg> {
+        match s.to_ascii_lowercase().as_str() {
+            "rsa2048" | "rsa" | "rsa-2048" => Ok(KeyAlg::Rsa2048),
+            "ecc-p256" | "ecc" | "p256" | "ecc256" | "eccp256" | "p-256" => Ok(KeyAlg::EccP256),
+            other => Err(Error::InvalidInput(format!(
+                "unknown key algorithm '{other}' (rsa2048 or ecc-p256)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyAlg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One policy command as stored in the key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyCommand {
+    /// TPM_CC of the policy command.
+    pub command_code: u32,
+    /// The command's parameters (without the session handle), marshalled.
+    pub command_policy: Vec<u8>,
+}
+
+/// A TPM-wrapped key as stored in a key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyBlob {
+    /// Parent handle ([`PARENT_OWNER_PRIMARY`] or a persistent handle).
+    pub parent: u32,
+    /// True when the key has no authValue (no PIN).
+    pub empty_auth: bool,
+    /// Policy commands to replay for keys with an authPolicy.
+    pub policy: Vec<PolicyCommand>,
+    /// Free-text description (`[4]`), if any.
+    pub description: Option<String>,
+    /// The owner-hierarchy parent is an RSA primary rather than ECC (`[5]`).
+    pub rsa_parent: bool,
+    /// Marshalled TPM2B_PUBLIC.
+    pub public: Vec<u8>,
+    /// Marshalled TPM2B_PRIVATE.
+    pub private: Vec<u8>,
+}
+
+fn kf<T>(m: impl Into<String>) -> Result<T> {
+    Err(Error::KeyFile(m.into()))
+}
+
+impl From<DerError> for Error {
+    fn from(e: DerError) -> Self {
+        Error::KeyFile(format!("DER: {}", e.0))
+    }
+}
+
+/// Parses a marshalled TPM2B_PUBLIC, requiring it to span exactly `data`.
+pub(crate) fn parse_tpm2b_public(data: &[u8]) -> Result<Public> {
+    let size = match data {
+        [a, b, ..] => usize::from(u16::from_be_bytes([*a, *b])),
+        _ => return kf("TPM2B_PUBLIC truncated"),
+    };
+    if size + 2 != data.len() || size == 0 {
+        return kf("TPM2B_PUBLIC size does not match its contents");
+    }
+    let buf =
+        PublicBuffer::unmarshall(data).map_err(|e| Error::KeyFile(format!("TPM2B_PUBLIC: {e}")))?;
+    let public = Public::try_from(buf).map_err(|e| Error::KeyFile(format!("TPM2B_PUBLIC: {e}")))?;
+    Ok(public)
+}
+
+/// Marshals a TPM2B_PUBLIC.
+pub(crate) fn marshal_tpm2b_public(public: &Public) -> Result<Vec<u8>> {
+    let buf = PublicBuffer::try_from(public.clone()).map_err(|e| Error::Tpm {
+        op: "marshal public",
+        detail: e.to_string(),
+    })?;
+    buf.marshall().map_err(|e| Error::Tpm {
+        op: "marshal public",
+        detail: e.to_string(),
+    })
+}
+
+/// Wraps raw private bytes as a TPM2B_PRIVATE.
+pub(crate) fn marshal_tpm2b(data: &[u8]) -> Result<Vec<u8>> {
+    let len = u16::try_from(data.len()).map_err(|_| Error::KeyFile("TPM2B too large".into()))?;
+    let mut out = Vec::with_capacity(data.len() + 2);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(data);
+    Ok(out)
+}
+
+/// Returns the payload of a TPM2B, requiring the size to match exactly.
+fn tpm2b_payload(data: &[u8], what: &str) -> Result<Vec<u8>> {
+    match data {
+        [a, b, rest @ ..] if usize::from(u16::from_be_bytes([*a, *b])) == rest.len() => {
+            Ok(rest.to_vec())
+        }
+        _ => kf(format!("{what} size does not match its contents")),
+    }
+}
+
+impl KeyBlob {
+    /// Parses DER.  Never panics; any structural problem is [`Error::KeyFile`].
+    pub fn from_der(data: &[u8]) -> Result<KeyBlob> {
+        let mut outer = Reader::new(data);
+        let seq = outer.read(der::TAG_SEQUENCE)?;
+        outer.finish()?;
+        let mut r = Reader::new(seq);
+
+        let oid = r.read(der::TAG_OID)?;
+        if oid == OID_IMPORTABLE_KEY {
+            return kf(
+                "importable TPM keys (OID 2.23.133.10.1.4) are not supported; load it \
+                       with tpm2-tools and re-encode it with tpm2_encodeobject",
+            );
+        }
+        if oid == OID_SEALED_KEY {
+            return kf("this is a sealed data object (OID 2.23.133.10.1.5), not a key");
+        }
+        if oid != OID_LOADABLE_KEY {
+            return kf("not a TPM loadable key (wrong OID)");
+        }
+
+        let mut blob = KeyBlob {
+            parent: 0,
+            empty_auth: false,
+            policy: Vec::new(),
+            description: None,
+            rsa_parent: false,
+            public: Vec::new(),
+            private: Vec::new(),
+        };
+
+        // Optional context-tagged fields, in increasing tag order.
+        let mut last_tag: Option<u8> = None;
+        while let Some(tag) = r.peek_tag() {
+            if tag & 0xE0 != 0xA0 {
+                break;
+            }
+            let n = tag & 0x1F;
+            if last_tag.is_some_and(|l| n <= l) {
+                return kf("optional fields out of order or repeated");
+            }
+            last_tag = Some(n);
+            let content = r.read(tag)?;
+            let mut inner = Reader::new(content);
+            match n {
+                0 => blob.empty_auth = inner.read_bool()?,
+                1 => blob.policy = parse_policy_seq(inner.read(der::TAG_SEQUENCE)?)?,
+                2 => return kf("key has an import secret; only loadable keys are supported"),
+                3 => return kf("key uses signed (authorized) policies, which are not supported"),
+                4 => {
+                    let s = inner.read(der::TAG_UTF8_STRING)?;
+                    let s = std::str::from_utf8(s)
+                        .map_err(|_| Error::KeyFile("description is not UTF-8".into()))?;
+                    blob.description = Some(s.to_string());
+                }
+                5 => blob.rsa_parent = inner.read_bool()?,
+                _ => return kf(format!("unknown optional field [{n}]")),
+            }
+            inner.finish()?;
+        }
+
+        blob.parent = r.read_u32()?;
+        let public = r.read(der::TAG_OCTET_STRING)?;
+        let private = r.read(der::TAG_OCTET_STRING)?;
+        // Later revisions of the format may append fields; we ignore extras
+        // only if they are well-formed TLVs.
+        while !r.is_empty() {
+            r.read_any()?;
+        }
+        if public.len() > MAX_TPM2B + 2 || private.len() > MAX_TPM2B + 2 {
+            return kf("TPM structures too large");
+        }
+        blob.public = public.to_vec();
+        blob.private = private.to_vec();
+        blob.validate()?;
+        Ok(blob)
+    }
+
+    /// Checks the TPM structures and the parent handle.
+    fn validate(&self) -> Result<()> {
+        let hi = self.parent >> 24;
+        if self.parent != PARENT_OWNER_PRIMARY && hi != 0x81 {
+            return kf(format!(
+                "unsupported parent handle 0x{:08x} (expected 0x40000001 or a persistent \
+                 0x81xxxxxx handle)",
+                self.parent
+            ));
+        }
+        tpm2b_payload(&self.private, "TPM2B_PRIVATE")?;
+        if self.private.len() < 3 {
+            return kf("empty TPM2B_PRIVATE");
+        }
+        let public = parse_tpm2b_public(&self.public)?;
+        key_alg_of(&public)?;
+        for p in &self.policy {
+            match p.command_code {
+                TPM_CC_POLICY_PCR => {
+                    parse_policy_pcr(&p.command_policy)?;
+                }
+                TPM_CC_POLICY_AUTH_VALUE => {}
+                other => {
+                    return kf(format!("unsupported policy command 0x{other:x}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes DER.
+    pub fn to_der(&self) -> Vec<u8> {
+        let mut body = der::tlv(der::TAG_OID, OID_LOADABLE_KEY);
+        body.extend(der::tlv(der::context(0), &der::boolean(self.empty_auth)));
+        if !self.policy.is_empty() {
+            let mut seq = Vec::new();
+            for p in &self.policy {
+                let mut item = der::tlv(der::context(0), &der::integer_u32(p.command_code));
+                item.extend(der::tlv(
+                    der::context(1),
+                    &der::tlv(der::TAG_OCTET_STRING, &p.command_policy),
+                ));
+                seq.extend(der::tlv(der::TAG_SEQUENCE, &item));
+            }
+            body.extend(der::tlv(
+                der::context(1),
+                &der::tlv(der::TAG_SEQUENCE, &seq),
+            ));
+        }
+        if let Some(d) = &self.description {
+            body.extend(der::tlv(
+                der::context(4),
+                &der::tlv(der::TAG_UTF8_STRING, d.as_bytes()),
+            ));
+        }
+        if self.rsa_parent {
+            body.extend(der::tlv(der::context(5), &der::boolean(true)));
+        }
+        body.extend(der::integer_u32(self.parent));
+        body.extend(der::tlv(der::TAG_OCTET_STRING, &self.public));
+        body.extend(der::tlv(der::TAG_OCTET_STRING, &self.private));
+        der::tlv(der::TAG_SEQUENCE, &body)
+    }
+
+    /// Parses a `-----BEGIN TSS2 PRIVATE KEY-----` PEM.
+    pub fn from_pem(pem: &str) -> Result<KeyBlob> {
+        let der = pem_decode(pem, PEM_LABEL)?;
+        KeyBlob::from_der(&der)
+    }
+
+    /// Encodes as a `TSS2 PRIVATE KEY` PEM.
+    pub fn to_pem(&self) -> String {
+        pem_encode(&self.to_der(), PEM_LABEL)
+    }
+
+    /// The public area.
+    pub fn public_area(&self) -> Result<Public> {
+        parse_tpm2b_public(&self.public)
+    }
+
+    /// The private blob in tss-esapi form.
+    pub(crate) fn private_area(&self) -> Result<Private> {
+        let payload = tpm2b_payload(&self.private, "TPM2B_PRIVATE")?;
+        Private::try_from(payload).map_err(|e| Error::KeyFile(format!("TPM2B_PRIVATE: {e}")))
+    }
+
+    /// The key's algorithm.
+    pub fn alg(&self) -> Result<KeyAlg> {
+        key_alg_of(&self.public_area()?)
+    }
+
+    /// The PCR binding recorded in the key file policy, if any.
+    pub fn pcr_policy(&self) -> Result<Option<(PcrSelection, Vec<u8>)>> {
+        match self
+            .policy
+            .iter()
+            .find(|p| p.command_code == TPM_CC_POLICY_PCR)
+        {
+            Some(p) => parse_policy_pcr(&p.command_policy).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the key needs a policy session (it has an authPolicy and the
+    /// authValue alone does not authorize user actions).
+    pub fn needs_policy_session(&self) -> Result<bool> {
+        let public = self.public_area()?;
+        Ok(!public.object_attributes().user_with_auth() && !public.auth_policy().is_empty())
+    }
+
+    /// The public key as DER SubjectPublicKeyInfo.
+    pub fn public_key_der(&self) -> Result<Vec<u8>> {
+        Ok(self.public_pkey()?.public_key_to_der()?)
+    }
+
+    /// The public key as `-----BEGIN PUBLIC KEY-----` PEM.
+    pub fn public_key_pem(&self) -> Result<String> {
+        let pem = self.public_pkey()?.public_key_to_pem()?;
+        String::from_utf8(pem).map_err(|_| Error::KeyFile("non-UTF-8 PEM".into()))
+    }
+
+    /// The public key as an OpenSSL key (for software encryption to it).
+    pub fn public_pkey(&self) -> Result<PKey<PkPublic>> {
+        match self.public_area()? {
+            Public::Rsa {
+                parameters, unique, ..
+            } => {
+                let n = BigNum::from_slice(unique.value())?;
+                let e = match parameters.exponent().value() {
+                    0 => 65537,
+                    e => e,
+                };
+                let e = BigNum::from_u32(e)?;
+                Ok(PKey::from_rsa(Rsa::from_public_components(n, e)?)?)
+            }
+            Public::Ecc {
+                parameters, unique, ..
+            } => {
+                if parameters.ecc_curve() != EccCurve::NistP256 {
+                    return kf("only NIST P-256 ECC keys are supported");
+                }
+                let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
+                let x = BigNum::from_slice(unique.x().value())?;
+                let y = BigNum::from_slice(unique.y().value())?;
+                let key = EcKey::from_public_key_affine_coordinates(&group, &x, &y)?;
+                key.check_key()?;
+                Ok(PKey::from_ec_key(key)?)
+            }
+            _ => kf("unsupported key type"),
+        }
+    }
+
+    /// For ECC keys: the uncompressed SEC1 public point (65 bytes).
+    pub fn ecc_public_point(&self) -> Result<Vec<u8>> {
+        let pkey = self.public_pkey()?;
+        let ec = pkey
+            .ec_key()
+            .map_err(|_| Error::InvalidInput("not an ECC key".into()))?;
+        let mut ctx = BigNumContext::new()?;
+        Ok(ec.public_key().to_bytes(
+            ec.group(),
+            openssl::ec::PointConversionForm::UNCOMPRESSED,
+            &mut ctx,
+        )?)
+    }
+}
+
+/// The [`KeyAlg`] of a public area, rejecting anything we cannot unbind with.
+pub(crate) fn key_alg_of(public: &Public) -> Result<KeyAlg> {
+    let attrs = public.object_attributes();
+    if attrs.restricted() || !attrs.decrypt() {
+        return kf("key is not an unrestricted decryption key");
+    }
+    match public {
+        Public::Rsa { parameters, .. } => {
+            if parameters.key_bits() != tss_esapi::interface_types::key_bits::RsaKeyBits::Rsa2048 {
+                return kf("only RSA-2048 keys are supported");
+            }
+            Ok(KeyAlg::Rsa2048)
+        }
+        Public::Ecc { parameters, .. } => {
+            if parameters.ecc_curve() != EccCurve::NistP256 {
+                return kf("only NIST P-256 ECC keys are supported");
+            }
+            Ok(KeyAlg::EccP256)
+        }
+        _ => kf("unsupported key type (only RSA and ECC keys)"),
+    }
+}
+
+fn parse_policy_seq(data: &[u8]) -> Result<Vec<PolicyCommand>> {
+    let mut r = Reader::new(data);
+    let mut out = Vec::new();
+    while !r.is_empty() {
+        if out.len() >= 32 {
+            return kf("too many policy commands");
+        }
+        let item = r.read(der::TAG_SEQUENCE)?;
+        let mut ir = Reader::new(item);
+        let code = {
+            let c = ir.read(der::context(0))?;
+            let mut cr = Reader::new(c);
+            let v = cr.read_u32()?;
+            cr.finish()?;
+            v
+        };
+        let body = {
+            let c = ir.read(der::context(1))?;
+            let mut cr = Reader::new(c);
+            let v = cr.read(der::TAG_OCTET_STRING)?.to_vec();
+            cr.finish()?;
+            v
+        };
+        ir.finish()?;
+        out.push(PolicyCommand {
+            command_code: code,
+            command_policy: body,
+        });
+    }
+    Ok(out)
+}
+
+/// Builds the PolicyPCR command parameters: TPM2B_DIGEST pcrDigest ||
+/// TPML_PCR_SELECTION pcrs.
+pub(crate) fn policy_pcr_command(sel: &PcrSelection, pcr_digest: &[u8]) -> Result<PolicyCommand> {
+    let mut body = marshal_tpm2b(pcr_digest)?;
+    body.extend(sel.to_tpml());
+    Ok(PolicyCommand {
+        command_code: TPM_CC_POLICY_PCR,
+        command_policy: body,
+    })
+}
+
+pub(crate) fn parse_policy_pcr(body: &[u8]) -> Result<(PcrSelection, Vec<u8>)> {
+    let (dlen, rest) = match body {
+        [a, b, rest @ ..] => (usize::from(u16::from_be_bytes([*a, *b])), rest),
+        _ => return kf("PolicyPCR parameters truncated"),
+    };
+    if dlen > 64 {
+        return kf("PolicyPCR digest too long");
+    }
+    let digest = rest
+        .get(..dlen)
+        .ok_or_else(|| Error::KeyFile("PolicyPCR digest truncated".into()))?;
+    let (sel, used) = PcrSelection::from_tpml(&rest[dlen..])?;
+    if dlen + used != rest.len() {
+        return kf("trailing bytes in PolicyPCR parameters");
+    }
+    Ok((sel, digest.to_vec()))
+}
+
+/// Decodes a PEM block with the given label.  Tolerates CRLF and
+/// surrounding text; rejects anything else.
+pub(crate) fn pem_decode(pem: &str, label: &str) -> Result<Vec<u8>> {
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let start = pem
+        .find(&begin)
+        .ok_or_else(|| Error::KeyFile(format!("no '{begin}' line")))?;
+    let after = &pem[start + begin.len()..];
+    let stop = after
+        .find(&end)
+        .ok_or_else(|| Error::KeyFile(format!("no '{end}' line")))?;
+    let b64: String = after[..stop]
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
+    if b64.len() > 1 << 20 {
+        return kf("PEM too large");
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.as_bytes())
+        .map_err(|e| Error::KeyFile(format!("bad base64 in PEM: {e}")))
+}
+
+/// Encodes PEM with 64-column lines.
+pub(crate) fn pem_encode(der: &[u8], label: &str) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        // base64 output is ASCII, so every chunk is valid UTF-8.
+        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key file written by `tpm2_encodeobject` (tpm2-tools 5.4) for an
+    /// RSA-2048 OAEP key under the ECC owner primary.
+    pub(crate) const TPM2_TOOLS_PEM: &str = "-----BEGIN TSS2 PRIVATE KEY-----
+MIICFAYGZ4EFCgEDoAMBAQACBEAAAAEEggEaARgAAQALAAIAcgAAABAAFwALCAAA
+AAAAAQCbdovC5ITGSBjurDkHZE+ydQV6LdoizsMmR8cSUIDs9oPnGSRscH3ChnB+
+mc1DInMSvX5RJR3hG1aK8ZIc8+rnrqhXV62OgxW+h/s/twShTg7w0s1Wr44zTwCt
+6rP6KWs8Q12sb4X8J4oDSgLwcOnggG0owWbsfPBCtvL/ehEtI/NH5Pd0cDGikIfl
+WYVcWsjhh8yKahXpOEIQob3YNXIO+sZOTrUPCCximwTP7y60gjKkYBSjQy9Almis
+Q/D0D8iLRHkM2HI+0Qz1dDwS5CINmSJvq9AoI/5uvh6CU3GYxGhPShXl4Iip7iy8
+kApRIB/f4Z61vkQkPzJ/CCe3fBWdBIHgAN4AIIJywxTGGM0PpdwHP6f0lWNjwQh+
+3UrR/P5kxswXqdF0ABC3K0gclwwmwfguE8S+IxcsY55WusBbSWOZ4En+ZZ0heOTR
+iBPs/+Q8jTDmo2UxiZTOm4rlub8dZblJLk11uxiBQQVcdAD2eNozu61GgTd0nOlK
+7bOs6gXqbIwnqIXRsefrPinsKDVqLhyBh9v0Ql/hScyG/D11mjr758P4/B+mgbso
+TGS+fqNoxSorstycfasS3QXxNCgXMin+CUSsn0LTABp7MVEe24wVi5m0nhskVfxM
+i8rhuCEPDVw=
+-----END TSS2 PRIVATE KEY-----
+";
+
+    #[test]
+    fn parses_tpm2_tools_output_and_round_trips() {
+        let blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        assert_eq!(blob.parent, PARENT_OWNER_PRIMARY);
+        assert_eq!(blob.alg().unwrap(), KeyAlg::Rsa2048);
+        assert!(blob.policy.is_empty());
+        let der = pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
+        assert_eq!(blob.to_der(), der, "re-encoding must be byte-identical");
+        assert_eq!(KeyBlob::from_pem(&blob.to_pem()).unwrap(), blob);
+        assert!(blob
+            .public_key_pem()
+            .unwrap()
+            .starts_with("-----BEGIN PUBLIC KEY-----"));
+    }
+
+    #[test]
+    fn policy_round_trip() {
+        let mut blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        let sel = PcrSelection::parse("sha256:0,7").unwrap();
+        blob.policy = vec![
+            policy_pcr_command(&sel, &[0xAB; 32]).unwrap(),
+            PolicyCommand {
+                command_code: TPM_CC_POLICY_AUTH_VALUE,
+                command_policy: vec![],
+            },
+        ];
+        blob.description = Some("test key".into());
+        blob.parent = PARENT_PERSISTENT_SRK;
+        let back = KeyBlob::from_der(&blob.to_der()).unwrap();
+        assert_eq!(back, blob);
+        assert_eq!(back.pcr_policy().unwrap(), Some((sel, vec![0xAB; 32])));
+    }
+
+    #[test]
+    fn every_truncation_fails_cleanly() {
+        let der = pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
+        for i in 0..der.len() {
+            assert!(KeyBlob::from_der(&der[..i]).is_err());
+        }
+        // flipping every byte must never panic
+        for i in 0..der.len() {
+            let mut d = der.clone();
+            d[i] ^= 0xFF;
+            let _ = KeyBlob::from_der(&d);
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! A directory of named keys.
+//!
+//! Layout (directory mode 0700):
+//! * `NAME.key.pem`  – the `TSS2 PRIVATE KEY` (mode 0600).  The TPM wraps
+//!   the private part, but the file still lets anyone with access to *this*
+//!   TPM use the key (subject to its PIN/PCR policy), so it is kept private.
+//! * `NAME.pub.pem`  – the public key as SubjectPublicKeyInfo PEM, for
+//!   encrypting to the key with ordinary tools.
+//! * `NAME.json`     – small metadata ([`KeyMeta`]).
+//!
+//! All writes go to a temporary file in the same directory, are fsynced and
+//! then renamed, so a crash never leaves a truncated key behind.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::keyfile::{KeyAlg, KeyBlob};
+use crate::pcr::PcrSelection;
+
+/// Environment variable overriding the keystore location.
+pub const ENV_HOME: &str = "TPMCRYPT_HOME";
+
+/// Metadata stored beside each key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyMeta {
+    /// Key name (file stem).
+    pub name: String,
+    /// `rsa2048` or `ecc-p256`.
+    pub alg: String,
+    /// PCR binding such as `sha256:0,7`, if any.
+    pub pcrs: Option<String>,
+    /// Whether a PIN is required.
+    pub has_pin: bool,
+    /// Creation (or import) time, seconds since the Unix epoch.
+    pub created: u64,
+    /// Hex name of the SRK the key was created under (identifies the TPM).
+    pub srk_name: Option<String>,
+    /// Free-form TPM description (manufacturer, firmware) at creation time.
+    pub tpm: Option<String>,
+    /// True if the key was created on a software TPM (no real protection).
+    #[serde(default)]
+    pub simulator: bool,
+    /// Recovery recipient strings every file for this key is also
+    /// encrypted to (the CLI's `key create --recovery`).
+    #[serde(default)]
+    pub recovery: Vec<String>,
+}
+
+impl KeyMeta {
+    /// Metadata for a freshly created key, filling alg/pcrs/has_pin from it.
+    pub fn for_key(name: &str, blob: &KeyBlob) -> Result<KeyMeta> {
+        Ok(KeyMeta {
+            name: name.to_string(),
+            alg: blob.alg()?.as_str().to_string(),
+            pcrs: blob.pcr_policy()?.map(|(s, _)| s.to_string()),
+            has_pin: !blob.empty_auth,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            srk_name: None,
+            tpm: None,
+            simulator: false,
+            recovery: Vec::new(),
+        })
+    }
+
+    /// The algorithm as [`KeyAlg`].
+    pub fn key_alg(&self) -> Result<KeyAlg> {
+        KeyAlg::parse(&self.alg)
+    }
+
+    /// The PCR selection, if any.
+    pub fn pcr_selection(&self) -> Result<Option<PcrSelection>> {
+        self.pcrs.as_deref().map(PcrSelection::parse).transpose()
+    }
+}
+
+/// A key directory.
+#[derive(Debug, Clone)]
+pub struct Keystore {
+    dir: PathBuf,
+}
+
+/// Checks a key name: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
+/// dot or dash (no hidden files, no option look-alikes, no path tricks).
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if name.is_empty()
+        || name.len() > 64
+        || !ok_chars
+        || name.starts_with('.')
+        || name.starts_with('-')
+    {
+        return Err(Error::InvalidInput(format!(
+            "invalid key name '{name}': use 1-64 characters from A-Z a-z 0-9 . _ - \
+             (not starting with '.' or '-')"
+        )));
+    }
+    Ok(())
+}
+
+impl Keystore {
+    /// The default location: `$TPMCRYPT_HOME`, else
+    /// `$XDG_DATA_HOME/tpmcrypt`, else `~/.local/share/tpmcrypt`.
+    pub fn default_dir() -> Result<PathBuf> {
+        let non_empty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
+        if let Some(d) = non_empty(ENV_HOME) {
+            return Ok(PathBuf::from(d));
+        }
+        if let Some(d) = non_empty("XDG_DATA_HOME") {
+            return Ok(PathBuf::from(d).join("tpmcrypt"));
+        }
+        if let Some(h) = non_empty("HOME") {
+            return Ok(PathBuf::from(h).join(".local/share/tpmcrypt"));
+        }
+        Err(Error::Keystore(
+            "cannot locate the keystore: set TPMCRYPT_HOME or HOME, or pass --keystore".into(),
+        ))
+    }
+
+    /// Opens (creating with mode 0700 if needed) a keystore directory.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Keystore> {
+        let dir = dir.into();
+        if !dir.is_dir() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| Error::io(&dir, e))?;
+        }
+        Ok(Keystore { dir })
+    }
+
+    /// Opens the default keystore.
+    pub fn open_default() -> Result<Keystore> {
+        Keystore::open(Keystore::default_dir()?)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of `NAME.key.pem`.
+    pub fn key_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.key.pem"))
+    }
+
+    /// Path of `NAME.pub.pem`.
+    pub fn pub_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.pub.pem"))
+    }
+
+    /// Path of `NAME.json`.
+    pub fn meta_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.json"))
+    }
+
+    /// Whether a key with this name exists.
+    pub fn exists(&self, name: &str) -> bool {
+        self.key_path(name).exists()
+    }
+
+    /// Saves a key; fails if the name is taken unless `overwrite`.
+    pub fn save(&self, name: &str, blob: &KeyBlob, meta: &KeyMeta, overwrite: bool) -> Result<()> {
+        validate_name(name)?;
+        if !overwrite && self.exists(name) {
+            return Err(Error::Keystore(format!(
+                "a key named '{name}' already exists in {}",
+                self.dir.display()
+            )));
+        }
+        let mut meta = meta.clone();
+        meta.name = name.to_string();
+        let json = serde_json::to_string_pretty(&meta)
+            .map_err(|e| Error::Keystore(format!("metadata: {e}")))?;
+        let pub_pem = blob.public_key_pem()?;
+        // Metadata and public key first: the key file's presence is what
+        // makes the key "exist", so it is written last.
+        atomic_write(&self.meta_path(name), json.as_bytes(), 0o600)?;
+        atomic_write(&self.pub_path(name), pub_pem.as_bytes(), 0o644)?;
+        atomic_write(&self.key_path(name), blob.to_pem().as_bytes(), 0o600)?;
+        Ok(())
+    }
+
+    /// Loads a key and its metadata.  Missing metadata (e.g. files copied in
+    /// by hand) is reconstructed from the key file.
+    pub fn load(&self, name: &str) -> Result<(KeyBlob, KeyMeta)> {
+        validate_name(name)?;
+        let path = self.key_path(name);
+        let pem = match fs::read_to_string(&path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Keystore(format!(
+                    "no key named '{name}' in {}",
+                    self.dir.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let blob = KeyBlob::from_pem(&pem)?;
+        let meta_path = self.meta_path(name);
+        let meta = match fs::read(&meta_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Keystore(format!("{}: {e}", meta_path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => KeyMeta::for_key(name, &blob)?,
+            Err(e) => return Err(Error::io(&meta_path, e)),
+        };
+        Ok((blob, meta))
+    }
+
+    /// Names of all keys, sorted.
+    pub fn list(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        let rd = match fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+            Err(e) => return Err(Error::io(&self.dir, e)),
+        };
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(&self.dir, e))?;
+            let file = entry.file_name();
+            if let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".key.pem")) {
+                if validate_name(name).is_ok() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Deletes a key's files.  The key file goes first so a partial delete
+    /// never leaves a usable key without its metadata.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        validate_name(name)?;
+        if !self.exists(name) {
+            return Err(Error::Keystore(format!("no key named '{name}'")));
+        }
+        for p in [
+            self.key_path(name),
+            self.pub_path(name),
+            self.meta_path(name),
+        ] {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&p, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Imports a `TSS2 PRIVATE KEY` PEM (e.g. written by
+    /// `tpm2_encodeobject`).
+    ///
+    /// `has_pin` overrides the file's emptyAuth flag: tpm2-tools 5.4's
+    /// `tpm2_encodeobject` writes it inverted (emptyAuth=FALSE unless `-p`
+    /// is given), so for such files callers should say what they know.
+    /// `None` trusts the file.
+    pub fn import(
+        &self,
+        name: &str,
+        pem_path: &Path,
+        has_pin: Option<bool>,
+    ) -> Result<(KeyBlob, KeyMeta)> {
+        validate_name(name)?;
+        let pem = fs::read_to_string(pem_path).map_err(|e| Error::io(pem_path, e))?;
+        let mut blob = KeyBlob::from_pem(&pem)?;
+        if let Some(p) = has_pin {
+            blob.empty_auth = !p;
+        }
+        let meta = KeyMeta::for_key(name, &blob)?;
+        self.save(name, &blob, &meta, false)?;
+        Ok((blob, meta))
+    }
+}
+
+/// Writes `data` to `path` atomically with the given mode.
+fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let file_name = path
+        .file_name()
+        .and_then(|f| f.to_str())
+        .ok_or_else(|| Error::Keystore(format!("bad path {}", path.display())))?;
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode; make it exact.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "work-key", "k.1", "A_b-9"] {
+            validate_name(ok).unwrap();
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "..",
+            "a b",
+            "ä",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! A private software TPM (`swtpm`) for tests and the CLI's `--simulator`.
+//!
+//! The simulator listens on two free loopback TCP ports (command port P and
+//! control port P+1) and keeps its NVRAM in a caller-chosen directory, so
+//! the owner seed — and therefore every key created with it — survives
+//! restarts.  On drop we send TPM2_Shutdown and the swtpm control
+//! "shutdown" command so the state is written out cleanly, then reap the
+//! process.  A software TPM offers no protection against anyone who can read
+//! the state directory; the CLI must say so.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Options for [`Simulator::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct SimulatorOptions {
+    /// Write swtpm's log here.  With `log_level` ≥ 20 swtpm logs every
+    /// command and response in hex, which security tests use to check that
+    /// secrets never cross the "bus" in clear.
+    pub log_file: Option<PathBuf>,
+    /// swtpm log level (default 20 when `log_file` is set).
+    pub log_level: Option<u32>,
+    /// The swtpm binary (default: `swtpm` from `PATH`, or `$TPMCRYPT_SWTPM`).
+    pub swtpm_binary: Option<PathBuf>,
+}
+
+/// A running swtpm.  Dropping it stops the process.
+#[derive(Debug)]
+pub struct Simulator {
+    child: Option<Child>,
+    port: u16,
+    state_dir: PathBuf,
+}
+
+/// Finds P such that P and P+1 are currently free on 127.0.0.1.
+fn free_port_pair() -> Result<u16> {
+    for _ in 0..50 {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| Error::Simulator(format!("cannot bind a loopback port: {e}")))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| Error::Simulator(e.to_string()))?
+            .port();
+        if port < 1024 || port == u16::MAX {
+            continue;
+        }
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + 1)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Simulator("no free pair of loopback ports".into()))
+}
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+impl Simulator {
+    /// Starts swtpm with its state in `state_dir` (created if missing).
+    pub fn start(state_dir: &Path) -> Result<Simulator> {
+        Simulator::start_with(state_dir, &SimulatorOptions::default())
+    }
+
+    /// Starts swtpm with options.
+    pub fn start_with(state_dir: &Path, opts: &SimulatorOptions) -> Result<Simulator> {
+        create_private_dir(state_dir)?;
+        let binary = opts
+            .swtpm_binary
+            .clone()
+            .or_else(|| std::env::var_os("TPMCRYPT_SWTPM").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("swtpm"));
+        let mut last_err = String::new();
+        // Ports may be taken between our probe and swtpm's bind; retry.
+        for _ in 0..8 {
+            let port = free_port_pair()?;
+            let mut cmd = Command::new(&binary);
+            cmd.arg("socket")
+                .arg("--tpm2")
+                .arg("--server")
+                .arg(format!("type=tcp,port={port},bindaddr=127.0.0.1"))
+                .arg("--ctrl")
+                .arg(format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1))
+                .arg("--tpmstate")
+                .arg(format!("dir={}", state_dir.display()))
+                .arg("--flags")
+                .arg("not-need-init,startup-clear")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            if let Some(log) = &opts.log_file {
+                cmd.arg("--log").arg(format!(
+                    "file={},level={}",
+                    log.display(),
+                    opts.log_level.unwrap_or(20)
+                ));
+            }
+            prepare_child(&mut cmd);
+            let mut child = cmd.spawn().map_err(|e| {
+                Error::Simulator(format!(
+                    "cannot run '{}': {e} (install the swtpm package)",
+                    binary.display()
+                ))
+            })?;
+            match wait_ready(&mut child, port) {
+                Ok(()) => {
+                    return Ok(Simulator {
+                        child: Some(child),
+                        port,
+                        state_dir: state_dir.to_path_buf(),
+                    })
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last_err = e;
+                }
+            }
+        }
+        Err(Error::Simulator(last_err))
+    }
+
+    /// The TCTI string for this simulator (`swtpm:host=127.0.0.1,port=P`),
+    /// usable with [`crate::Tpm::open`] and as `TPM2TOOLS_TCTI`.
+    pub fn tcti(&self) -> String {
+        format!("swtpm:host=127.0.0.1,port={}", self.port)
+    }
+
+    /// The command port (the control port is one higher).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The NVRAM state directory.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Stops the simulator now (Drop does the same).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // 1. TPM2_Shutdown(SU_CLEAR): marks an orderly shutdown so the next
+        //    start does not count as a power loss (which would bump the
+        //    dictionary-attack counter).  Needs the command port to be free,
+        //    i.e. all Tpm handles closed; time-limited otherwise.
+        let _ = send_tpm_shutdown(self.port);
+        // 2. swtpm CMD_SHUTDOWN on the control channel: swtpm saves its
+        //    state and exits.
+        let _ = send_ctrl(self.port + 1, CMD_SHUTDOWN);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// swtpm control command codes (swtpm's `tpm_ioctl.h`).
+const CMD_GET_CAPABILITY: u32 = 1;
+const CMD_SHUTDOWN: u32 = 3;
+
+fn send_ctrl(port: u16, cmd: u32) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr(port), Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(&cmd.to_be_bytes())?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf)?;
+    Ok(buf[..n].to_vec())
+}
+
+fn send_tpm_shutdown(port: u16) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr(port), Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    // tag=TPM_ST_NO_SESSIONS, size=12, cc=TPM_CC_Shutdown, SU_CLEAR
+    s.write_all(&[0x80, 0x01, 0, 0, 0, 12, 0, 0, 0x01, 0x45, 0, 0])?;
+    let mut buf = [0u8; 10];
+    s.read_exact(&mut buf)?;
+    Ok(())
+}
+
+/// Waits until swtpm answers on its control channel (which it opens after
+/// the command socket), or fails if it exits (e.g. port collision).
+fn wait_ready(child: &mut Child, port: u16) -> std::result::Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut msg = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut msg);
+            }
+            return Err(format!("swtpm exited ({status}): {}", msg.trim()));
+        }
+        if let Ok(resp) = send_ctrl(port + 1, CMD_GET_CAPABILITY) {
+            if resp.len() >= 4 && resp[..4] == [0, 0, 0, 0] {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err("swtpm did not become ready within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Prepares the child: SIGTERM swtpm if our process dies without dropping
+/// the [`Simulator`] (e.g. a test is killed), so no orphan keeps the ports;
+/// and mark every inherited descriptor close-on-exec.
+///
+/// The latter is essential: tpm2-tss opens its sockets without
+/// `SOCK_CLOEXEC`, so a swtpm started while any `Tpm` is open would inherit
+/// that connection and keep it alive after the `Tpm` is dropped — and since
+/// swtpm serves one client at a time, the other simulator would hang
+/// forever.  (`CLOSE_RANGE_CLOEXEC` rather than closing keeps std's
+/// exec-error pipe working.)
+fn prepare_child(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: only async-signal-safe syscalls, no allocation, no Rust state.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            let r = libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            );
+            if r != 0 {
+                for fd in 3..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            Ok(())
+        });
+    }
+}

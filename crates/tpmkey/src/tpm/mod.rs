@@ -1,0 +1,488 @@
+//! The [`Tpm`] handle: opening the TPM, creating keys, unbinding.
+//!
+//! Every public operation is self-contained: it (re)derives or opens the
+//! SRK, loads what it needs, runs its command(s) in a salted,
+//! parameter-encrypted session and flushes everything before returning, so
+//! the TPM holds no transient object or session of ours afterwards — also
+//! on error paths, and also on TPMs without a resource manager.
+
+mod policy;
+mod rc;
+mod scope;
+mod srk;
+
+use tss_esapi::attributes::ObjectAttributesBuilder;
+use tss_esapi::constants::{CapabilityType, PropertyTag, SessionType, StartupType};
+use tss_esapi::handles::{KeyHandle, ObjectHandle};
+use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
+use tss_esapi::interface_types::ecc::EccCurve;
+use tss_esapi::interface_types::key_bits::RsaKeyBits;
+use tss_esapi::structures::{
+    Auth, CapabilityData, Data, Digest, EccParameter, EccPoint, EccScheme, HashScheme,
+    KeyDerivationFunctionScheme, Public, PublicBuilder, PublicEccParametersBuilder, PublicKeyRsa,
+    PublicRsaParametersBuilder, RsaDecryptionScheme, RsaExponent, RsaScheme,
+    SymmetricDefinitionObject,
+};
+use tss_esapi::Context;
+use zeroize::Zeroizing;
+
+use crate::error::{Error, Result};
+use crate::keyfile::{key_alg_of, marshal_tpm2b, marshal_tpm2b_public, KeyAlg, KeyBlob};
+use crate::pcr::PcrSelection;
+use crate::tcti::Tcti;
+use rc::{classify, raw_rc, tpm_code, Op, RC_INITIALIZE};
+use scope::{with_object, with_salted_session};
+
+/// The TPM rejects authValues longer than the nameAlg digest (SHA-256).
+pub const MAX_PIN_LEN: usize = 32;
+
+/// What [`Tpm::info`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpmInfo {
+    /// TPM_PT_MANUFACTURER as text, e.g. "IBM", "INTC", "STM", "NTC".
+    pub manufacturer: String,
+    /// TPM_PT_VENDOR_STRING_1..4 concatenated and trimmed.
+    pub vendor: String,
+    /// Firmware version from TPM_PT_FIRMWARE_VERSION_1/2 (`major.minor.x.y`).
+    pub firmware_version: String,
+    /// True for software TPMs (swtpm/libtpms, IBM simulator): such a TPM
+    /// gives no hardware protection at all.
+    pub is_simulator: bool,
+    /// The TCTI we are connected through.
+    pub tcti: String,
+}
+
+/// Transient objects and sessions currently loaded in the TPM (for leak
+/// checks in tests and `tpmcrypt doctor`-style diagnostics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadedHandles {
+    /// Transient object handles (0x80xxxxxx).
+    pub transient: Vec<u32>,
+    /// Loaded HMAC/policy session handles (0x02xxxxxx / 0x03xxxxxx).
+    pub sessions: Vec<u32>,
+}
+
+/// An open connection to a TPM.
+pub struct Tpm {
+    ctx: Context,
+    tcti: Tcti,
+    unbinds: u64,
+}
+
+impl std::fmt::Debug for Tpm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tpm")
+            .field("tcti", &self.tcti.to_string())
+            .field("unbinds", &self.unbinds)
+            .finish()
+    }
+}
+
+fn u32_to_ascii(v: u32) -> String {
+    v.to_be_bytes()
+        .iter()
+        .filter(|b| b.is_ascii_graphic() || **b == b' ')
+        .map(|b| char::from(*b))
+        .collect()
+}
+
+fn pin_auth(pin: Option<&[u8]>) -> Result<Option<Auth>> {
+    match pin {
+        None | Some([]) => Ok(None),
+        Some(p) if p.len() > MAX_PIN_LEN => Err(Error::InvalidInput(format!(
+            "PIN too long ({} bytes, at most {MAX_PIN_LEN})",
+            p.len()
+        ))),
+        Some(p) => Auth::try_from(p.to_vec())
+            .map(Some)
+            .map_err(|e| Error::InvalidInput(format!("PIN: {e}"))),
+    }
+}
+
+impl Tpm {
+    /// Opens the TPM named by a TCTI string (tpm2-tools syntax).
+    pub fn open(tcti: &str) -> Result<Tpm> {
+        Tpm::open_tcti(&tcti.parse()?)
+    }
+
+    /// Opens the TPM selected by `TPMCRYPT_TCTI`, or `/dev/tpmrm0`.
+    pub fn open_default() -> Result<Tpm> {
+        Tpm::open_tcti(&Tcti::from_env()?)
+    }
+
+    /// Opens the TPM behind a parsed [`Tcti`].
+    pub fn open_tcti(tcti: &Tcti) -> Result<Tpm> {
+        let unavailable = |detail: String| Error::Unavailable {
+            tcti: tcti.to_string(),
+            detail,
+        };
+        if let Tcti::Device { path } = tcti {
+            // Check first: tpm2-tss's own message for a missing device is
+            // cryptic, and this is the most common failure.
+            if let Err(e) = std::fs::metadata(path) {
+                return Err(unavailable(format!("{path}: {e}")));
+            }
+        }
+        let ctx = Context::new(tcti.to_name_conf()?).map_err(|e| unavailable(e.to_string()))?;
+        let mut tpm = Tpm {
+            ctx,
+            tcti: tcti.clone(),
+            unbinds: 0,
+        };
+        // Probe; simulators that were not started need TPM2_Startup.
+        match tpm.property(PropertyTag::Manufacturer) {
+            Ok(_) => {}
+            Err(e) if raw_rc(&e).and_then(tpm_code) == Some(RC_INITIALIZE) => {
+                tpm.ctx
+                    .execute_without_session(|c| c.startup(StartupType::Clear))
+                    .map_err(|e| unavailable(format!("TPM2_Startup failed: {e}")))?;
+            }
+            Err(e) => return Err(unavailable(e.to_string())),
+        }
+        Ok(tpm)
+    }
+
+    /// The TCTI this handle is connected through.
+    pub fn tcti(&self) -> &Tcti {
+        &self.tcti
+    }
+
+    fn property(&mut self, tag: PropertyTag) -> tss_esapi::Result<Option<u32>> {
+        self.ctx
+            .execute_without_session(|c| c.get_tpm_property(tag))
+    }
+
+    /// Manufacturer, firmware version and whether this is a software TPM.
+    pub fn info(&mut self) -> Result<TpmInfo> {
+        let get = |tpm: &mut Tpm, tag| {
+            tpm.property(tag)
+                .map_err(|e| classify(Op::Other("GetCapability(properties)"), e, None))
+                .map(|v| v.unwrap_or(0))
+        };
+        let manufacturer = u32_to_ascii(get(self, PropertyTag::Manufacturer)?);
+        let mut vendor = String::new();
+        for tag in [
+            PropertyTag::VendorString1,
+            PropertyTag::VendorString2,
+            PropertyTag::VendorString3,
+            PropertyTag::VendorString4,
+        ] {
+            vendor.push_str(&u32_to_ascii(get(self, tag)?));
+        }
+        let fw1 = get(self, PropertyTag::FirmwareVersion1)?;
+        let fw2 = get(self, PropertyTag::FirmwareVersion2)?;
+        let firmware_version = format!(
+            "{}.{}.{}.{}",
+            fw1 >> 16,
+            fw1 & 0xFFFF,
+            fw2 >> 16,
+            fw2 & 0xFFFF
+        );
+        let vendor = vendor.trim().to_string();
+        let is_simulator = manufacturer.trim() == "IBM"
+            || vendor.contains("SW   TPM")
+            || vendor.to_ascii_lowercase().contains("swtpm")
+            || self.tcti.is_network_simulator();
+        Ok(TpmInfo {
+            manufacturer: manufacturer.trim().to_string(),
+            vendor,
+            firmware_version,
+            is_simulator,
+            tcti: self.tcti.to_string(),
+        })
+    }
+
+    /// Number of unbind commands (RSA_Decrypt / ECDH_ZGen) issued so far
+    /// through this handle, whether or not the TPM accepted them.
+    pub fn unbind_count(&self) -> u64 {
+        self.unbinds
+    }
+
+    /// Hex name of the SRK new keys would be created under.  It is a hash of
+    /// the SRK public key, so it identifies this TPM's owner seed: keys
+    /// created with one SRK name only load where the SRK name is the same.
+    pub fn srk_name(&mut self) -> Result<String> {
+        srk::with_default_srk(&mut self.ctx, |ctx, srk| {
+            let name = ctx
+                .tr_get_name(ObjectHandle::from(srk.handle))
+                .map_err(|e| classify(Op::Other("TR_GetName"), e, None))?;
+            Ok(name
+                .value()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>())
+        })
+    }
+
+    /// Creates a new decryption key under the SRK.
+    ///
+    /// * `pcrs`: bind the key to the current values of these PCRs.
+    /// * `pin`: require this authValue (at most 32 bytes); the key is then
+    ///   subject to dictionary-attack protection.
+    pub fn create_key(
+        &mut self,
+        alg: KeyAlg,
+        pcrs: Option<&PcrSelection>,
+        pin: Option<&[u8]>,
+    ) -> Result<KeyBlob> {
+        let auth = pin_auth(pin)?;
+        let has_pin = auth.is_some();
+        let r = srk::with_default_srk(&mut self.ctx, |ctx, srk| {
+            let (auth_policy, commands) = match pcrs {
+                Some(sel) => policy::build_policy(ctx, sel, has_pin)?,
+                None => (Digest::default(), Vec::new()),
+            };
+            let template = key_template(alg, auth_policy, pcrs.is_none(), has_pin)?;
+            // Salted session with decrypt: the PIN inside inSensitive is
+            // encrypted on the wire.
+            let created = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
+                ctx.execute_with_session(Some(s), |c| {
+                    c.create(srk.handle, template, auth, None, None, None)
+                })
+                .map_err(|e| classify(Op::Other("Create"), e, None))
+            })?;
+            Ok(KeyBlob {
+                parent: srk.parent,
+                empty_auth: !has_pin,
+                policy: commands,
+                description: None,
+                rsa_parent: srk.rsa && srk.parent == crate::keyfile::PARENT_OWNER_PRIMARY,
+                public: marshal_tpm2b_public(&created.out_public)?,
+                private: marshal_tpm2b(created.out_private.value())?,
+            })
+        });
+        self.with_lockout_detail(r)
+    }
+
+    /// TPM2_RSA_Decrypt with OAEP/SHA-256 and an empty label.
+    pub fn rsa_decrypt(
+        &mut self,
+        key: &KeyBlob,
+        pin: Option<&[u8]>,
+        ciphertext: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>> {
+        if ciphertext.len() != 256 {
+            return Err(Error::InvalidInput(format!(
+                "RSA-2048 ciphertext must be 256 bytes, got {}",
+                ciphertext.len()
+            )));
+        }
+        let ct = PublicKeyRsa::try_from(ciphertext.to_vec())
+            .map_err(|e| Error::InvalidInput(format!("ciphertext: {e}")))?;
+        let plain = self.unbind(key, pin, KeyAlg::Rsa2048, move |c, k| {
+            c.rsa_decrypt(
+                k,
+                ct,
+                RsaDecryptionScheme::Oaep(HashScheme::new(HashingAlgorithm::Sha256)),
+                Data::default(),
+            )
+        })?;
+        Ok(Zeroizing::new(plain.value().to_vec()))
+    }
+
+    /// TPM2_ECDH_ZGen: returns the x coordinate of `key · peer` (the
+    /// standard ECDH shared secret Z).  `peer` is an uncompressed SEC1
+    /// point (`0x04 || x || y`, 65 bytes).
+    pub fn ecdh_zgen(
+        &mut self,
+        key: &KeyBlob,
+        pin: Option<&[u8]>,
+        peer: &[u8],
+    ) -> Result<Zeroizing<[u8; 32]>> {
+        if peer.len() != 65 || peer[0] != 0x04 {
+            return Err(Error::InvalidInput(
+                "peer point must be an uncompressed P-256 point (65 bytes, 0x04||x||y)".into(),
+            ));
+        }
+        let coord = |b: &[u8]| {
+            EccParameter::try_from(b.to_vec())
+                .map_err(|e| Error::InvalidInput(format!("peer point: {e}")))
+        };
+        let point = EccPoint::new(coord(&peer[1..33])?, coord(&peer[33..65])?);
+        let out = self.unbind(key, pin, KeyAlg::EccP256, move |c, k| {
+            c.ecdh_z_gen(k, point)
+        })?;
+        let x = out.x().value();
+        if x.len() > 32 {
+            return Err(Error::Tpm {
+                op: "ECDH_ZGen",
+                detail: format!("unexpected x coordinate length {}", x.len()),
+            });
+        }
+        let mut z = Zeroizing::new([0u8; 32]);
+        z[32 - x.len()..].copy_from_slice(x);
+        Ok(z)
+    }
+
+    /// Loads `key`, authorizes it (policy and/or PIN) in a salted,
+    /// parameter-encrypted session, runs `op`, and flushes everything.
+    fn unbind<T>(
+        &mut self,
+        key: &KeyBlob,
+        pin: Option<&[u8]>,
+        expected: KeyAlg,
+        op: impl FnOnce(&mut Context, KeyHandle) -> tss_esapi::Result<T>,
+    ) -> Result<T> {
+        let public = key.public_area()?;
+        let private = key.private_area()?;
+        let alg = key_alg_of(&public)?;
+        if alg != expected {
+            return Err(Error::InvalidInput(format!(
+                "this is an {alg} key; the operation needs an {expected} key"
+            )));
+        }
+        let auth = pin_auth(pin)?;
+        let needs_policy = key.needs_policy_session()?;
+        if needs_policy && key.policy.is_empty() {
+            return Err(Error::UnsupportedPolicy(
+                "the key has an authPolicy but the key file carries no policy commands to \
+                 satisfy it"
+                    .into(),
+            ));
+        }
+        let pcrs_text = key.pcr_policy()?.map(|(s, _)| s.to_string());
+        let pcrs_text = pcrs_text.as_deref();
+        let Tpm { ctx, unbinds, .. } = self;
+        let r = srk::with_srk_for(ctx, key.parent, key.rsa_parent, |ctx, srk| {
+            let key_handle = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
+                ctx.execute_with_session(Some(s), |c| c.load(srk.handle, private, public))
+                    .map_err(|e| classify(Op::Load, e, None))
+            })?;
+            with_object(ctx, key_handle, |ctx| {
+                if let Some(a) = auth {
+                    ctx.tr_set_auth(ObjectHandle::from(key_handle), a)
+                        .map_err(|e| classify(Op::Other("TR_SetAuth"), e, None))?;
+                }
+                let ty = if needs_policy {
+                    SessionType::Policy
+                } else {
+                    SessionType::Hmac
+                };
+                with_salted_session(ctx, srk.handle, ty, |ctx, s| {
+                    if needs_policy {
+                        policy::apply(ctx, s, &key.policy, pcrs_text)?;
+                    }
+                    *unbinds += 1;
+                    ctx.execute_with_session(Some(s), |c| op(c, key_handle))
+                        .map_err(|e| classify(Op::Unbind, e, pcrs_text))
+                })
+            })
+        });
+        self.with_lockout_detail(r)
+    }
+
+    /// Fills in how long a lockout lasts (TPM_PT_LOCKOUT_INTERVAL).
+    fn with_lockout_detail<T>(&mut self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(Error::Lockout {
+                retry_after_secs: None,
+            }) => {
+                let secs = self.property(PropertyTag::LockoutInterval).ok().flatten();
+                Err(Error::Lockout {
+                    retry_after_secs: secs,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Lists loaded transient objects and sessions.
+    pub fn loaded_handles(&mut self) -> Result<LoadedHandles> {
+        let mut out = LoadedHandles::default();
+        for (first, is_session) in [
+            (0x8000_0000u32, false),
+            (0x0200_0000, true),
+            (0x0300_0000, true),
+        ] {
+            let (data, _) = self
+                .ctx
+                .execute_without_session(|c| c.get_capability(CapabilityType::Handles, first, 64))
+                .map_err(|e| classify(Op::Other("GetCapability(handles)"), e, None))?;
+            if let CapabilityData::Handles(list) = data {
+                for h in list.iter() {
+                    let raw = u32::from(*h);
+                    if raw >> 24 != first >> 24 {
+                        continue;
+                    }
+                    if is_session {
+                        out.sessions.push(raw);
+                    } else {
+                        out.transient.push(raw);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Public template of a tpmcrypt decryption key.
+///
+/// * RSA: OAEP/SHA-256 scheme, so `tpm2_rsadecrypt -s oaep` works and the
+///   TPM refuses PKCS#1 v1.5 (no padding-oracle surface); exponent 65537.
+/// * ECC: P-256 with NULL scheme, usable with TPM2_ECDH_ZGen.
+/// * `user_with_auth` is cleared for PCR-bound keys so the authValue alone
+///   can never bypass the PCR policy; noDA is set only for keys without a
+///   PIN (there is nothing to guess, and lockout should not block them).
+fn key_template(
+    alg: KeyAlg,
+    auth_policy: Digest,
+    user_with_auth: bool,
+    has_pin: bool,
+) -> Result<Public> {
+    let internal = |e: tss_esapi::Error| Error::Tpm {
+        op: "key template",
+        detail: e.to_string(),
+    };
+    let attrs = ObjectAttributesBuilder::new()
+        .with_fixed_tpm(true)
+        .with_fixed_parent(true)
+        .with_sensitive_data_origin(true)
+        .with_user_with_auth(user_with_auth)
+        .with_no_da(!has_pin)
+        .with_decrypt(true)
+        .with_sign_encrypt(false)
+        .with_restricted(false)
+        .build()
+        .map_err(internal)?;
+    let builder = PublicBuilder::new()
+        .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
+        .with_object_attributes(attrs)
+        .with_auth_policy(auth_policy);
+    match alg {
+        KeyAlg::Rsa2048 => builder
+            .with_public_algorithm(PublicAlgorithm::Rsa)
+            .with_rsa_parameters(
+                PublicRsaParametersBuilder::new()
+                    .with_symmetric(SymmetricDefinitionObject::Null)
+                    .with_scheme(RsaScheme::Oaep(HashScheme::new(HashingAlgorithm::Sha256)))
+                    .with_key_bits(RsaKeyBits::Rsa2048)
+                    .with_exponent(RsaExponent::ZERO_EXPONENT)
+                    .with_is_decryption_key(true)
+                    .with_is_signing_key(false)
+                    .with_restricted(false)
+                    .build()
+                    .map_err(internal)?,
+            )
+            .with_rsa_unique_identifier(PublicKeyRsa::default())
+            .build()
+            .map_err(internal),
+        KeyAlg::EccP256 => builder
+            .with_public_algorithm(PublicAlgorithm::Ecc)
+            .with_ecc_parameters(
+                PublicEccParametersBuilder::new()
+                    .with_symmetric(SymmetricDefinitionObject::Null)
+                    .with_ecc_scheme(EccScheme::Null)
+                    .with_curve(EccCurve::NistP256)
+                    .with_key_derivation_function_scheme(KeyDerivationFunctionScheme::Null)
+                    .with_is_decryption_key(true)
+                    .with_is_signing_key(false)
+                    .with_restricted(false)
+                    .build()
+                    .map_err(internal)?,
+            )
+            .with_ecc_unique_identifier(EccPoint::default())
+            .build()
+            .map_err(internal),
+    }
+}

@@ -1,0 +1,121 @@
+//! The key file parser must reject malformed input with an error — never a
+//! panic — because key files come from disk and may be hostile.
+
+use proptest::prelude::*;
+use tpmcrypt_tpmkey::{Error, KeyBlob};
+
+const PEM: &str = "-----BEGIN TSS2 PRIVATE KEY-----
+MIICFAYGZ4EFCgEDoAMBAQACBEAAAAEEggEaARgAAQALAAIAcgAAABAAFwALCAAA
+AAAAAQCbdovC5ITGSBjurDkHZE+ydQV6LdoizsMmR8cSUIDs9oPnGSRscH3ChnB+
+mc1DInMSvX5RJR3hG1aK8ZIc8+rnrqhXV62OgxW+h/s/twShTg7w0s1Wr44zTwCt
+6rP6KWs8Q12sb4X8J4oDSgLwcOnggG0owWbsfPBCtvL/ehEtI/NH5Pd0cDGikIfl
+WYVcWsjhh8yKahXpOEIQob3YNXIO+sZOTrUPCCximwTP7y60gjKkYBSjQy9Almis
+Q/D0D8iLRHkM2HI+0Qz1dDwS5CINmSJvq9AoI/5uvh6CU3GYxGhPShXl4Iip7iy8
+kApRIB/f4Z61vkQkPzJ/CCe3fBWdBIHgAN4AIIJywxTGGM0PpdwHP6f0lWNjwQh+
+3UrR/P5kxswXqdF0ABC3K0gclwwmwfguE8S+IxcsY55WusBbSWOZ4En+ZZ0heOTR
+iBPs/+Q8jTDmo2UxiZTOm4rlub8dZblJLk11uxiBQQVcdAD2eNozu61GgTd0nOlK
+7bOs6gXqbIwnqIXRsefrPinsKDVqLhyBh9v0Ql/hScyG/D11mjr758P4/B+mgbso
+TGS+fqNoxSorstycfasS3QXxNCgXMin+CUSsn0LTABp7MVEe24wVi5m0nhskVfxM
+i8rhuCEPDVw=
+-----END TSS2 PRIVATE KEY-----
+";
+
+fn good_der() -> Vec<u8> {
+    KeyBlob::from_pem(PEM).unwrap().to_der()
+}
+
+#[test]
+fn round_trip() {
+    let blob = KeyBlob::from_pem(PEM).unwrap();
+    assert_eq!(KeyBlob::from_pem(&blob.to_pem()).unwrap(), blob);
+    assert_eq!(KeyBlob::from_der(&blob.to_der()).unwrap(), blob);
+}
+
+#[test]
+fn specific_malformations() {
+    let der = good_der();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", vec![]),
+        ("truncated", der[..der.len() - 1].to_vec()),
+        ("bad outer tag", {
+            let mut d = der.clone();
+            d[0] = 0x31;
+            d
+        }),
+        ("huge length", {
+            let mut d = der.clone();
+            d[1] = 0x84;
+            d[2] = 0x7f;
+            d[3] = 0xff;
+            d
+        }),
+        ("indefinite", {
+            let mut d = der.clone();
+            d[1] = 0x80;
+            d
+        }),
+        ("bad OID", {
+            let mut d = der.clone();
+            d[9] = 0x09;
+            d
+        }),
+        ("trailing garbage", {
+            let mut d = der.clone();
+            d.push(0);
+            d
+        }),
+        ("importable OID", {
+            let mut d = der.clone();
+            d[11] = 0x04;
+            d
+        }),
+    ];
+    for (what, d) in cases {
+        match KeyBlob::from_der(&d) {
+            Err(Error::KeyFile(_)) => {}
+            other => panic!("{what}: expected KeyFile error, got {other:?}"),
+        }
+    }
+    for pem in [
+        "",
+        "-----BEGIN TSS2 PRIVATE KEY-----\n!!!!\n-----END TSS2 PRIVATE KEY-----\n",
+        "-----BEGIN TSS2 PRIVATE KEY-----\nAAAA\n",
+        "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+    ] {
+        assert!(KeyBlob::from_pem(pem).is_err());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..700)) {
+        let _ = KeyBlob::from_der(&data);
+    }
+
+    #[test]
+    fn mutated_key_never_panics(
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        cut in any::<usize>(),
+    ) {
+        let mut d = good_der();
+        for (pos, val) in edits {
+            let i = pos % d.len();
+            d[i] = val;
+        }
+        let cut = cut % (d.len() + 1);
+        d.truncate(cut);
+        if let Ok(b) = KeyBlob::from_der(&d) {
+            // anything accepted must re-encode and re-parse identically
+            prop_assert_eq!(KeyBlob::from_der(&b.to_der()).unwrap(), b.clone());
+            let _ = b.public_key_pem();
+        }
+    }
+
+    #[test]
+    fn random_pem_text_never_panics(s in "\\PC{0,300}") {
+        let _ = KeyBlob::from_pem(&s);
+        let _ = KeyBlob::from_pem(&format!("-----BEGIN TSS2 PRIVATE KEY-----\n{s}\n-----END TSS2 PRIVATE KEY-----\n"));
+    }
+}
