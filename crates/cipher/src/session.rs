@@ -308,8 +308,10 @@ impl Decryptor {
     }
 
     fn unwrap_any(&self, header: &Header) -> Result<SessionKey> {
-        for stanza in &header.stanzas {
-            for identity in &self.identities {
+        // Identities in the order given (explicit ones, e.g. a recovery key,
+        // before TPM keys), each against every stanza.
+        for identity in &self.identities {
+            for stanza in &header.stanzas {
                 if let Some(key) = identity.unwrap(stanza)? {
                     self.unwraps.fetch_add(1, Ordering::Relaxed);
                     return Ok(key);

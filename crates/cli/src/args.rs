@@ -21,6 +21,16 @@ pub struct Cli {
     #[arg(long, global = true, env = "TPMCRYPT_HOME", value_name = "DIR")]
     pub keystore: Option<PathBuf>,
 
+    /// The TPM, as a TCTI in tpm2-tools syntax (device:/dev/tpmrm0,
+    /// swtpm:host=127.0.0.1,port=2321, tabrmd). Default device:/dev/tpmrm0.
+    #[arg(long, global = true, env = "TPMCRYPT_TCTI", value_name = "TCTI")]
+    pub tpm: Option<String>,
+
+    /// Use a private software TPM (swtpm) whose state lives in the keystore.
+    /// For trying the tool: it is NOT secure.
+    #[arg(long, global = true, env = "TPMCRYPT_SIMULATOR", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+    pub simulator: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -38,6 +48,11 @@ pub enum Command {
     Watch(crate::commands::watch::WatchArgs),
     /// Measure where the time goes: TPM unbind vs bulk AES, by file size.
     Bench(crate::commands::bench::BenchArgs),
+    /// Manage TPM keys.
+    #[command(subcommand)]
+    Key(crate::commands::key::KeyCommand),
+    /// Hold unwrapped session keys for a while (one TPM operation per session).
+    Agent(crate::commands::agent::AgentArgs),
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(RecoveryCommand),
@@ -179,13 +194,10 @@ pub struct EncryptArgs {
 /// `tpmcrypt decrypt`.
 #[derive(Args, Debug)]
 pub struct DecryptArgs {
-    /// Identity file (a recovery identity). May be repeated.
-    #[arg(
-        short = 'i',
-        long = "identity",
-        value_name = "IDENTITY",
-        required = true
-    )]
+    /// Identity file (a recovery identity). May be repeated. Keys in the
+    /// keystore are always tried too (the TPM is used only if a file is
+    /// addressed to one of them).
+    #[arg(short = 'i', long = "identity", value_name = "IDENTITY")]
     pub identities: Vec<PathBuf>,
 
     #[command(flatten)]

@@ -12,7 +12,6 @@ pub const USAGE: i32 = 2;
 /// Integrity or authentication failure: tampered, truncated, wrong key.
 pub const INTEGRITY: i32 = 3;
 /// TPM unavailable, or the TPM refused (policy, PIN, lockout).
-#[allow(dead_code)] // raised by the TPM commands
 pub const TPM: i32 = 4;
 
 /// A usage error detected after argument parsing (conflicting options,
@@ -38,11 +37,28 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
             }
             if let CipherError::InvalidRecipient(_)
             | CipherError::InvalidIdentity(_)
-            | CipherError::InvalidParams(_) = e
+            | CipherError::InvalidParams(_)
+            | CipherError::Unsupported { .. } = e
             {
                 return USAGE;
             }
+            // A TPM identity's failure travels inside the cipher error.
+            if let CipherError::External(inner) = e {
+                if let Some(t) = inner.downcast_ref::<tpmcrypt_tpmkey::Error>() {
+                    return tpm_code(t);
+                }
+            }
+        }
+        if let Some(t) = cause.downcast_ref::<tpmcrypt_tpmkey::Error>() {
+            return tpm_code(t);
         }
     }
     OTHER
+}
+
+fn tpm_code(e: &tpmcrypt_tpmkey::Error) -> i32 {
+    match e.exit_class() {
+        tpmcrypt_tpmkey::ExitClass::TpmRefused => TPM,
+        tpmcrypt_tpmkey::ExitClass::Other => OTHER,
+    }
 }

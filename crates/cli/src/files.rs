@@ -244,12 +244,15 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             0o666 & !current_umask(),
         ),
         Source::File(path) => {
+            if fs::metadata(path)?.is_dir() {
+                return Err(usage("is a directory (use -r to recurse)"));
+            }
+            // Regular files are read in parallel; pipes and devices (e.g.
+            // `<(tar c dir)`) are streamed.
             let file = File::open(path)?;
             let meta = file.metadata()?;
-            if !meta.is_file() {
-                return Err(usage("not a regular file"));
-            }
-            (file, Some(meta.len()), meta.permissions().mode() & 0o777)
+            let size = meta.is_file().then_some(meta.len());
+            (file, size, meta.permissions().mode() & 0o777)
         }
     };
     let workers = match size {
@@ -284,7 +287,8 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
-            let mut out = AtomicFile::create(dest, mode, opts.force)?;
+            let mut out = AtomicFile::create(dest, mode, opts.force)
+                .with_context(|| format!("creating {}", dest.display()))?;
             let n = transform(&mut input, out.file(), &stream_opts)?;
             out.commit()
                 .with_context(|| format!("writing {}", dest.display()))?;

@@ -44,9 +44,16 @@ pub fn parse_recipient(value: &str) -> anyhow::Result<Box<dyn Recipient>> {
 
 /// Loads one `-i` identity file.
 pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
-    let text =
-        Zeroizing::new(fs::read_to_string(path).with_context(|| path.display().to_string())?);
-    let key = RecoveryKey::parse(&text).with_context(|| path.display().to_string())?;
+    let label = || path.display().to_string();
+    let bytes = Zeroizing::new(fs::read(path).with_context(label)?);
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| {
+            tpmcrypt_cipher::Error::InvalidIdentity(
+                "not a text file (not a tpmcrypt identity)".into(),
+            )
+        })
+        .with_context(label)?;
+    let key = RecoveryKey::parse(text).with_context(label)?;
     Ok(Box::new(key.into_identity()?))
 }
 
@@ -74,8 +81,43 @@ pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn 
             anyhow::Error::from(e).context(pub_path.display().to_string())
         }
     })?;
-    let recipients =
+    let mut recipients =
         vec![recipient::tpm_recipient_from_pem(&pem)
             .with_context(|| pub_path.display().to_string())?];
+    let (_, meta) = store.load(name)?;
+    for r in &meta.recovery {
+        recipients.push(Box::new(
+            recovery::parse_recipient(r)
+                .with_context(|| format!("key {name}: recovery recipient"))?,
+        ));
+    }
     Ok(recipients)
+}
+
+/// Every key of the keystore as an identity (nothing is read from the TPM
+/// until a file is addressed to one of them). An absent keystore is empty.
+pub fn keystore_identities(
+    ui: &crate::Ui,
+    access: &std::sync::Arc<crate::tpm::TpmAccess>,
+) -> anyhow::Result<Vec<Box<dyn Identity>>> {
+    let dir = match &ui.keystore {
+        Some(d) => d.clone(),
+        None => match tpmcrypt_tpmkey::Keystore::default_dir() {
+            Ok(d) => d,
+            Err(_) => return Ok(Vec::new()),
+        },
+    };
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
+    let pins = std::sync::Arc::new(crate::tpm::Pins::default());
+    let mut out = Vec::new();
+    for name in store.list()? {
+        let (blob, meta) = store
+            .load(&name)
+            .with_context(|| format!("keystore key {name}"))?;
+        out.push(crate::tpm::identity(&name, blob, &meta, access, &pins)?);
+    }
+    Ok(out)
 }

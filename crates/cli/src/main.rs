@@ -8,6 +8,7 @@ mod exit;
 mod files;
 mod harden;
 mod keys;
+mod tpm;
 
 use clap::{CommandFactory, Parser};
 
@@ -21,6 +22,10 @@ pub struct Ui {
     pub quiet: bool,
     /// `--keystore`, if given.
     pub keystore: Option<std::path::PathBuf>,
+    /// `--tpm`, if given.
+    pub tpm: Option<String>,
+    /// `--simulator`.
+    pub simulator: bool,
 }
 
 fn main() {
@@ -42,6 +47,8 @@ fn main() {
         verbose: cli.verbose,
         quiet: cli.quiet,
         keystore: cli.keystore.clone(),
+        tpm: cli.tpm.clone(),
+        simulator: cli.simulator,
     };
     let result = match &cli.command {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
@@ -50,6 +57,8 @@ fn main() {
         Command::Watch(a) => commands::watch::run(a, &ui),
         Command::Bench(a) => commands::bench::run(a, &ui),
         Command::Recovery(c) => commands::recovery::run(c),
+        Command::Key(c) => commands::key::run(c, &ui),
+        Command::Agent(a) => commands::agent::run(a),
         Command::Completions { shell } => {
             clap_complete::generate(
                 *shell,

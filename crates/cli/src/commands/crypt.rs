@@ -9,6 +9,7 @@ use tpmcrypt_cipher::{backend, Decryptor, Encryptor, Mode, Params};
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Naming, RunOptions, Summary};
 use crate::keys;
+use crate::tpm::{Target, TpmAccess};
 use crate::Ui;
 
 fn run_options(files: &FileArgs, ui: &Ui, refuse_tty_output: bool) -> RunOptions {
@@ -34,14 +35,14 @@ fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn back
     })
 }
 
-fn finish(summary: Summary, ui: &Ui, verb: &str, unwraps: Option<u64>) -> i32 {
+fn finish(summary: Summary, ui: &Ui, verb: &str, unwraps: Option<(u64, u64)>) -> i32 {
     if ui.verbose {
         let mut line = format!(
             "tpmcrypt: {verb} {} file(s), {} bytes, {} failed",
             summary.ok, summary.bytes, summary.failed
         );
-        if let Some(n) = unwraps {
-            line.push_str(&format!(", {n} session key unwrap(s)"));
+        if let Some((n, tpm)) = unwraps {
+            line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
         eprintln!("{line}");
     }
@@ -90,13 +91,23 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
 
 /// Runs `decrypt`.
 pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
-    let identities = args
+    let mut identities = args
         .identities
         .iter()
         .map(|p| keys::load_identity(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let access = TpmAccess::new(Target::from_ui(ui)?);
+    identities.extend(keys::keystore_identities(ui, &access)?);
+    if identities.is_empty() {
+        return Err(crate::exit::usage(
+            "no identity: give -i IDENTITY, or create a TPM key with `tpmcrypt key create`",
+        ));
+    }
     let tasks = files::plan(&args.files, Naming::Decrypt)?;
     let mut decryptor = Decryptor::new(identities);
+    if let Some(agent) = crate::commands::agent::AgentCache::connect() {
+        decryptor = decryptor.with_session_cache(Box::new(agent));
+    }
     if let Some(b) = chosen_backend(args.files.backend)? {
         decryptor = decryptor.with_backend(b);
     }
@@ -108,6 +119,6 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         summary,
         ui,
         "decrypted",
-        Some(decryptor.unwrap_count()),
+        Some((decryptor.unwrap_count(), access.unbind_count())),
     ))
 }

@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
+pub mod agent;
 pub mod bench;
 pub mod crypt;
 pub mod inspect;
+pub mod key;
 pub mod recovery;
 pub mod watch;

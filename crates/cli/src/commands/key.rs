@@ -1,0 +1,337 @@
+//! `tpmcrypt key …`: create, import, list, show, export and delete TPM keys.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+use tpmcrypt_cipher::recipient::fingerprint_spki;
+use tpmcrypt_tpmkey::{KeyAlg, KeyMeta, Keystore, PcrSelection};
+
+use crate::exit::usage;
+use crate::tpm::{read_pin, Target, TpmAccess};
+use crate::{keys, Ui};
+
+/// `tpmcrypt key`.
+#[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Create a decryption key inside the TPM, under the storage root key.
+    Create(CreateArgs),
+    /// Import a `TSS2 PRIVATE KEY` PEM (e.g. written by tpm2_encodeobject).
+    Import {
+        /// The key file.
+        file: PathBuf,
+        /// Name in the keystore (default: the file name without extensions).
+        #[arg(long)]
+        name: Option<String>,
+        /// The key needs a PIN (tpm2-tools 5.4 writes the emptyAuth flag inverted).
+        #[arg(long)]
+        pin: bool,
+    },
+    /// List keys.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one key.
+    Show {
+        /// Key name.
+        name: String,
+    },
+    /// Print a key's public half as PEM (for hosts that only encrypt).
+    Export {
+        /// Key name.
+        name: String,
+    },
+    /// Delete a key. Files encrypted only to it become unreadable.
+    Delete {
+        /// Key name.
+        name: String,
+        /// Do not ask.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Key algorithm.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum AlgArg {
+    /// RSA-2048, unbound with TPM2_RSA_Decrypt (OAEP, SHA-256).
+    Rsa2048,
+    /// ECC P-256, unbound with TPM2_ECDH_ZGen (default; fast on real chips).
+    EccP256,
+}
+
+/// `tpmcrypt key create`.
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// Name of the key in the keystore.
+    pub name: String,
+    /// Key algorithm.
+    #[arg(long, value_enum, default_value_t = AlgArg::EccP256)]
+    pub alg: AlgArg,
+    /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
+    #[arg(long, value_name = "BANK:LIST")]
+    pub pcrs: Option<String>,
+    /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
+    #[arg(long)]
+    pub pin: bool,
+    /// Also encrypt every file for this key to a recovery recipient
+    /// (tpmcrypt-recovery:… or a file holding one). May be repeated.
+    #[arg(long, value_name = "RECIPIENT")]
+    pub recovery: Vec<String>,
+    /// Replace an existing key of the same name.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// Runs a key subcommand.
+pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
+    let store = keys::keystore(ui)?;
+    match cmd {
+        KeyCommand::Create(args) => create(args, ui, &store),
+        KeyCommand::Import { file, name, pin } => {
+            let name = match name {
+                Some(n) => n.clone(),
+                None => default_name(file)?,
+            };
+            if store.exists(&name) {
+                return Err(usage(format!("a key named {name:?} exists already")));
+            }
+            let has_pin = if *pin { Some(true) } else { None };
+            let (blob, meta) = store
+                .import(&name, file, has_pin)
+                .with_context(|| file.display().to_string())?;
+            let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
+            println!("imported {name} ({}), fingerprint {fp}", meta.alg);
+            Ok(crate::exit::OK)
+        }
+        KeyCommand::List { json } => list(&store, *json),
+        KeyCommand::Show { name } => {
+            let info = describe(&store, name)?;
+            println!("name:        {}", info.name);
+            println!("algorithm:   {}", info.alg);
+            println!("fingerprint: {}", info.fingerprint);
+            println!("pcrs:        {}", info.pcrs.as_deref().unwrap_or("none"));
+            println!("pin:         {}", if info.pin { "yes" } else { "no" });
+            println!("created:     unix time {}", info.created);
+            println!("tpm:         {}", info.tpm.as_deref().unwrap_or("unknown"));
+            println!(
+                "simulator:   {}",
+                if info.simulator {
+                    "yes (NOT secure)"
+                } else {
+                    "no"
+                }
+            );
+            for r in &info.recovery {
+                println!("recovery:    {r}");
+            }
+            println!("key file:    {}", store.key_path(name).display());
+            println!("public key:  {}", store.pub_path(name).display());
+            Ok(crate::exit::OK)
+        }
+        KeyCommand::Export { name } => {
+            let (blob, _) = store.load(name)?;
+            print!("{}", blob.public_key_pem()?);
+            Ok(crate::exit::OK)
+        }
+        KeyCommand::Delete { name, yes } => {
+            if !store.exists(name) {
+                return Err(usage(format!("no key named {name:?}")));
+            }
+            if !yes
+                && !confirm(&format!(
+                    "Delete key {name}? Files encrypted only to it become unreadable. [y/N] "
+                ))?
+            {
+                eprintln!("not deleted");
+                return Ok(crate::exit::OTHER);
+            }
+            store.delete(name)?;
+            println!("deleted {name}");
+            Ok(crate::exit::OK)
+        }
+    }
+}
+
+fn default_name(file: &std::path::Path) -> anyhow::Result<String> {
+    let base = file
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = base.split('.').next().unwrap_or_default().to_string();
+    if stem.is_empty() {
+        return Err(usage(
+            "cannot derive a key name from the file name; use --name",
+        ));
+    }
+    Ok(stem)
+}
+
+fn confirm(prompt: &str) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        return Err(usage("refusing to delete without confirmation: use --yes"));
+    }
+    eprint!("{prompt}");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
+    tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
+    if store.exists(&args.name) && !args.force {
+        return Err(usage(format!(
+            "a key named {:?} exists already (use --force to replace it)",
+            args.name
+        )));
+    }
+    let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
+    // Recovery recipients are checked before the (slow) TPM work.
+    let recovery = args
+        .recovery
+        .iter()
+        .map(|r| {
+            let parsed = keys::parse_recipient(r)?;
+            if parsed.kind() != tpmcrypt_cipher::recipient::kind::RECOVERY_P256 {
+                return Err(usage(format!("{r}: --recovery takes a recovery recipient")));
+            }
+            recovery_string(r)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let pin = if args.pin {
+        let pin = read_pin(&format!("New PIN for key {}: ", args.name))?;
+        if std::env::var_os(crate::tpm::ENV_PIN).is_none() {
+            let again = read_pin("Repeat the PIN: ")?;
+            if *again != *pin {
+                return Err(usage("the PINs differ"));
+            }
+        }
+        if pin.is_empty() {
+            return Err(usage("empty PIN"));
+        }
+        Some(pin)
+    } else {
+        None
+    };
+    let alg = match args.alg {
+        AlgArg::Rsa2048 => KeyAlg::Rsa2048,
+        AlgArg::EccP256 => KeyAlg::EccP256,
+    };
+    let target = Target::from_ui(ui)?;
+    let simulator = matches!(target, Target::Simulator(_));
+    let access = TpmAccess::new(target);
+    let (blob, elapsed, info, srk_name) = access.with(|tpm| {
+        let info = tpm.info()?;
+        let srk_name = tpm.srk_name()?;
+        let start = Instant::now();
+        let blob = tpm.create_key(alg, pcrs.as_ref(), pin.as_deref().map(|p| &p[..]))?;
+        Ok((blob, start.elapsed(), info, srk_name))
+    })?;
+    let mut meta = KeyMeta::for_key(&args.name, &blob)?;
+    meta.srk_name = Some(srk_name);
+    meta.tpm = Some(format!(
+        "{} {} firmware {}",
+        info.manufacturer, info.vendor, info.firmware_version
+    ));
+    meta.simulator = simulator || info.is_simulator;
+    meta.recovery = recovery;
+    store.save(&args.name, &blob, &meta, args.force)?;
+    let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
+    println!(
+        "created key {} ({}) in {:.3} s on {} {}; fingerprint {fp}",
+        args.name,
+        alg.as_str(),
+        elapsed.as_secs_f64(),
+        info.manufacturer,
+        if meta.simulator {
+            "(software TPM: NOT secure)"
+        } else {
+            ""
+        }
+    );
+    println!("public key: {}", store.pub_path(&args.name).display());
+    if meta.recovery.is_empty() {
+        eprintln!(
+            "hint: without --recovery, files for this key die with this TPM; see README (Recovery)"
+        );
+    }
+    Ok(crate::exit::OK)
+}
+
+/// The recovery recipient string named by `value` (a string or a file).
+fn recovery_string(value: &str) -> anyhow::Result<String> {
+    use tpmcrypt_cipher::recovery::RECIPIENT_PREFIX;
+    if value.starts_with(RECIPIENT_PREFIX) {
+        return Ok(value.to_string());
+    }
+    let text = std::fs::read_to_string(value).with_context(|| value.to_string())?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(RECIPIENT_PREFIX))
+        .map(str::to_string)
+        .ok_or_else(|| usage(format!("{value}: no recovery recipient in this file")))
+}
+
+#[derive(Serialize)]
+struct KeyInfo {
+    name: String,
+    alg: String,
+    fingerprint: String,
+    pcrs: Option<String>,
+    pin: bool,
+    created: u64,
+    tpm: Option<String>,
+    simulator: bool,
+    recovery: Vec<String>,
+}
+
+fn describe(store: &Keystore, name: &str) -> anyhow::Result<KeyInfo> {
+    let (blob, meta) = store.load(name)?;
+    Ok(KeyInfo {
+        name: name.to_string(),
+        alg: meta.alg.clone(),
+        fingerprint: hex::encode(fingerprint_spki(&blob.public_key_der()?)),
+        pcrs: meta.pcrs.clone(),
+        pin: meta.has_pin,
+        created: meta.created,
+        tpm: meta.tpm.clone(),
+        simulator: meta.simulator,
+        recovery: meta.recovery.clone(),
+    })
+}
+
+fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
+    let infos = store
+        .list()?
+        .iter()
+        .map(|n| describe(store, n))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&infos)?);
+    } else if infos.is_empty() {
+        eprintln!("no keys in {}", store.dir().display());
+    } else {
+        println!(
+            "{:<20} {:<9} {:<32} {:<12} {:<4} RECOVERY",
+            "NAME", "ALG", "FINGERPRINT", "PCRS", "PIN"
+        );
+        for k in infos {
+            println!(
+                "{:<20} {:<9} {:<32} {:<12} {:<4} {}",
+                k.name,
+                k.alg,
+                k.fingerprint,
+                k.pcrs.as_deref().unwrap_or("-"),
+                if k.pin { "yes" } else { "no" },
+                k.recovery.len()
+            );
+        }
+    }
+    Ok(crate::exit::OK)
+}

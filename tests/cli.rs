@@ -1,0 +1,1541 @@
+//! End-to-end tests of the `tpmcrypt` binary: every test runs the real
+//! executable in a scratch directory and checks files, exit codes and the
+//! one-line error contract (`error: <file>: <cause>` on stderr).
+//!
+//! Exit codes: 0 ok, 1 other (I/O, exists), 2 usage, 3 integrity, 4 TPM.
+
+mod common;
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{bytes, listing, recovery, run, run_stdin, tpmcrypt, Run};
+use serde_json::Value;
+use tempfile::TempDir;
+
+const OK: i32 = 0;
+const OTHER: i32 = 1;
+const USAGE: i32 = 2;
+const INTEGRITY: i32 = 3;
+
+const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
+
+// ---------------------------------------------------------------- helpers
+
+/// A scratch directory holding a recovery identity `id`; returns the
+/// directory and the identity's recipient string.
+fn scratch() -> (TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = recovery(dir.path(), "id");
+    (dir, r)
+}
+
+fn assert_ok(r: &Run, what: &str) {
+    assert_eq!(
+        r.code, OK,
+        "{what}: expected success, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+}
+
+/// Asserts exit `code` and exactly one stderr line, `error: <label>: …`.
+fn assert_error(r: &Run, code: i32, label: &str, what: &str) {
+    assert_eq!(
+        r.code, code,
+        "{what}: expected exit {code}, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: expected exactly one stderr line, got {:?}",
+        r.stderr
+    );
+    let prefix = format!("error: {label}: ");
+    assert!(
+        lines[0].starts_with(&prefix) && lines[0].len() > prefix.len(),
+        "{what}: stderr {:?} does not start with {prefix:?}",
+        lines[0]
+    );
+}
+
+/// Asserts a usage error (clap's multi-line messages included).
+fn assert_usage(r: &Run, what: &str) {
+    assert_eq!(
+        r.code, USAGE,
+        "{what}: expected exit 2, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+    assert!(!r.stderr.trim().is_empty(), "{what}: no message on stderr");
+}
+
+fn mode_of(path: &Path) -> u32 {
+    fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn partials(dir: &Path) -> Vec<String> {
+    listing(dir)
+        .into_iter()
+        .filter(|n| n.contains(PARTIAL_MARKER))
+        .collect()
+}
+
+/// `inspect --json` of `file`, parsed.
+fn inspect_json(dir: &Path, file: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["inspect", "--json", file];
+    args.extend_from_slice(extra);
+    let r = run(dir, &args);
+    assert_ok(&r, "inspect --json");
+    serde_json::from_slice(&r.stdout).expect("inspect --json prints JSON")
+}
+
+fn payload_offset(dir: &Path, file: &str) -> usize {
+    inspect_json(dir, file, &[])["payload_offset"]
+        .as_u64()
+        .expect("payload_offset") as usize
+}
+
+/// Payload parameters as the format document describes them; the tests
+/// compute expected sizes independently of the implementation.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    cbc: bool,
+    key_len: usize,
+    segment: usize,
+}
+
+impl Layout {
+    fn new(mode: &str, bits: u32, segment: usize) -> Self {
+        Layout {
+            cbc: mode == "cbc",
+            key_len: bits as usize / 8,
+            segment,
+        }
+    }
+
+    /// Length byte, salt, 7-byte nonce prefix.
+    fn stream_header(&self) -> usize {
+        1 + self.key_len + 7
+    }
+
+    /// Plaintext bytes in full segment `i`.
+    fn plain(&self, i: usize) -> usize {
+        if self.cbc {
+            // IV, one padding block at most, HMAC tag of key_len bytes.
+            self.segment - 32 - self.key_len
+        } else if i == 0 {
+            self.segment - self.stream_header() - 16
+        } else {
+            self.segment - 16
+        }
+    }
+
+    fn sealed(&self, n: usize) -> usize {
+        if self.cbc {
+            16 + (n / 16 + 1) * 16 + self.key_len
+        } else {
+            n + 16
+        }
+    }
+
+    /// Payload length (stream header and segments) for `len` plaintext bytes.
+    fn payload_len(&self, len: usize) -> usize {
+        let mut total = self.stream_header();
+        let mut left = len;
+        let mut i = 0;
+        while left > self.plain(i) {
+            total += self.sealed(self.plain(i));
+            left -= self.plain(i);
+            i += 1;
+        }
+        total + self.sealed(left)
+    }
+}
+
+fn segment_arg(mode: &str, bits: u32) -> usize {
+    if mode == "cbc" && bits == 192 {
+        4104
+    } else {
+        4096
+    }
+}
+
+/// Deterministic small PRNG for timings and choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+// ---------------------------------------------------------------- recovery
+
+#[test]
+fn recovery_create_and_recipient() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = run(d, &["recovery", "create", "--out", "id"]);
+    assert_ok(&r, "recovery create");
+    let out = String::from_utf8(r.stdout).unwrap();
+    assert_eq!(out.lines().count(), 1, "one line: {out:?}");
+    let recipient = out.trim().to_string();
+    assert!(recipient.starts_with("tpmcrypt-recovery:"), "{recipient}");
+    assert!(recipient.len() > "tpmcrypt-recovery:".len() + 40);
+    assert_eq!(mode_of(&d.join("id")), 0o600);
+    let original = fs::read(d.join("id")).unwrap();
+
+    let r = run(d, &["recovery", "recipient", "id"]);
+    assert_ok(&r, "recovery recipient");
+    assert_eq!(String::from_utf8(r.stdout).unwrap().trim(), recipient);
+
+    // No overwrite without --force.
+    let r = run(d, &["recovery", "create", "--out", "id"]);
+    assert_error(&r, OTHER, "id", "recovery create over an existing file");
+    assert!(r.stdout.is_empty());
+    assert_eq!(fs::read(d.join("id")).unwrap(), original, "file changed");
+
+    // --force replaces it with a new key, still 0600.
+    chmod(&d.join("id"), 0o644);
+    let r = run(d, &["recovery", "create", "--force", "--out", "id"]);
+    assert_ok(&r, "recovery create --force");
+    let second = String::from_utf8(r.stdout).unwrap().trim().to_string();
+    assert!(second.starts_with("tpmcrypt-recovery:"));
+    assert_ne!(second, recipient, "--force produced the same key");
+    assert_eq!(mode_of(&d.join("id")), 0o600);
+    let r = run(d, &["recovery", "recipient", "id"]);
+    assert_eq!(String::from_utf8(r.stdout).unwrap().trim(), second);
+
+    // Not an identity / missing file.
+    fs::write(d.join("junk"), "hello\n").unwrap();
+    let r = run(d, &["recovery", "recipient", "junk"]);
+    assert_error(&r, USAGE, "junk", "recovery recipient of a non-identity");
+    let r = run(d, &["recovery", "recipient", "missing"]);
+    assert_error(&r, OTHER, "missing", "recovery recipient of a missing file");
+}
+
+// ---------------------------------------------------------------- round trips
+
+/// Every mode × key size, sizes around segment boundaries, many files in
+/// one invocation (sequential: small files), then stdin → stdout with two
+/// workers (the parallel engine), checking the ciphertext size each time.
+#[test]
+fn round_trip_modes_bits_and_sizes() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    for mode in ["gcm", "cbc"] {
+        for bits in [128u32, 192, 256] {
+            let seg = segment_arg(mode, bits);
+            let layout = Layout::new(mode, bits, seg);
+            let (p0, p) = (layout.plain(0), layout.plain(1));
+            let sizes = [
+                0,
+                1,
+                p0 - 1,
+                p0,
+                p0 + 1,
+                p0 + p - 1,
+                p0 + p,
+                p0 + p + 1,
+                p0 + 3 * p + 17,
+            ];
+            let sub = d.join(format!("{mode}{bits}"));
+            fs::create_dir(&sub).unwrap();
+            let mut names = Vec::new();
+            let mut originals = Vec::new();
+            for (i, &len) in sizes.iter().enumerate() {
+                let name = format!("f{i}");
+                let data = bytes(len, ((bits as u64) << 8) | i as u64);
+                fs::write(sub.join(&name), &data).unwrap();
+                names.push(name);
+                originals.push(data);
+            }
+            let what = format!("{mode}/{bits}");
+            let seg_s = seg.to_string();
+            let bits_s = bits.to_string();
+            let mut args = vec![
+                "encrypt",
+                "-R",
+                &r,
+                "--mode",
+                mode,
+                "--bits",
+                &bits_s,
+                "--segment-size",
+                &seg_s,
+                "-j",
+                "1",
+            ];
+            args.extend(names.iter().map(String::as_str));
+            assert_ok(&run(&sub, &args), &what);
+
+            let info = inspect_json(&sub, "f0.tpmc", &[]);
+            assert_eq!(info["mode"], mode);
+            assert_eq!(info["key_bits"], bits);
+            assert_eq!(info["segment_size"], seg);
+            let offset = info["payload_offset"].as_u64().unwrap() as usize;
+            for (name, data) in names.iter().zip(&originals) {
+                let ct = fs::read(sub.join(format!("{name}.tpmc"))).unwrap();
+                assert_eq!(
+                    ct.len(),
+                    offset + layout.payload_len(data.len()),
+                    "{what}: ciphertext size of {} plaintext bytes",
+                    data.len()
+                );
+                fs::remove_file(sub.join(name)).unwrap();
+            }
+
+            let mut args = vec!["decrypt", "-i", "../id", "-j", "1"];
+            let cts: Vec<String> = names.iter().map(|n| format!("{n}.tpmc")).collect();
+            args.extend(cts.iter().map(String::as_str));
+            assert_ok(&run(&sub, &args), &what);
+            for (name, data) in names.iter().zip(&originals) {
+                assert_eq!(&fs::read(sub.join(name)).unwrap(), data, "{what}: {name}");
+            }
+
+            // stdin → stdout, parallel (stdin is always parallel unless -j 1).
+            for &len in &[0, p0 + 3 * p + 17] {
+                let data = bytes(len, 77 + bits as u64);
+                let enc = run_stdin(
+                    &sub,
+                    &[
+                        "encrypt",
+                        "-R",
+                        &r,
+                        "--mode",
+                        mode,
+                        "--bits",
+                        &bits_s,
+                        "--segment-size",
+                        &seg_s,
+                        "-j",
+                        "2",
+                    ],
+                    &data,
+                );
+                assert_ok(&enc, &what);
+                assert_eq!(enc.stdout.len(), offset + layout.payload_len(len));
+                let dec = run_stdin(&sub, &["decrypt", "-i", "../id", "-j", "2"], &enc.stdout);
+                assert_ok(&dec, &what);
+                assert!(dec.stdout == data, "{what}: stdin round trip of {len}");
+            }
+        }
+    }
+}
+
+/// `-o FILE`, `-o -`, `-` as input, stdin → `-o FILE`, and the default
+/// 1 MiB segments.
+#[test]
+fn round_trip_output_variants() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let data = bytes(1_100_000, 5); // two default-size segments
+    fs::write(d.join("plain"), &data).unwrap();
+
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "a.bin", "plain"]),
+        "-o file",
+    );
+    let info = inspect_json(d, "a.bin", &[]);
+    assert_eq!(info["segment_size"], 1 << 20);
+    assert_eq!(info["mode"], "gcm");
+    assert_eq!(info["key_bits"], 256);
+    assert!(!d.join("plain.tpmc").exists());
+
+    let enc = run(d, &["encrypt", "-R", &r, "-o", "-", "plain"]);
+    assert_ok(&enc, "-o -");
+    assert!(enc.stdout.starts_with(b"\x89TPMC\r\n\x1a"));
+    fs::write(d.join("b.bin"), &enc.stdout).unwrap();
+
+    let enc = run_stdin(d, &["encrypt", "-R", &r, "-o", "c.bin"], &data);
+    assert_ok(&enc, "stdin -> -o file");
+    assert!(enc.stdout.is_empty());
+    let enc = run_stdin(d, &["encrypt", "-R", &r, "-"], &data);
+    assert_ok(&enc, "- -> stdout");
+    fs::write(d.join("d.bin"), &enc.stdout).unwrap();
+
+    for name in ["a.bin", "b.bin", "c.bin", "d.bin"] {
+        let dec = run(d, &["decrypt", "-i", "id", "-o", "-", name]);
+        assert_ok(&dec, name);
+        assert!(dec.stdout == data, "{name} via -o -");
+        let ct = fs::read(d.join(name)).unwrap();
+        let dec = run_stdin(d, &["decrypt", "-i", "id"], &ct);
+        assert_ok(&dec, name);
+        assert!(dec.stdout == data, "{name} via stdin");
+        let out = format!("{name}.out");
+        assert_ok(&run(d, &["decrypt", "-i", "id", "-o", &out, name]), name);
+        assert!(fs::read(d.join(&out)).unwrap() == data, "{name} via -o");
+    }
+    // Two encryptions of the same plaintext differ (fresh session, salt).
+    assert_ne!(fs::read(d.join("a.bin")).unwrap(), enc.stdout);
+}
+
+/// A file above the 4 MiB threshold goes through the worker pool; the
+/// result is the same whichever side runs in parallel.
+#[test]
+fn large_file_parallel_and_sequential_agree() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let data = bytes((4 << 20) + 12_345, 9);
+    fs::write(d.join("big"), &data).unwrap();
+    for (jobs, seg) in [("2", "65536"), ("1", "65536"), ("2", "1048576")] {
+        let _ = fs::remove_file(d.join("big.tpmc"));
+        assert_ok(
+            &run(
+                d,
+                &[
+                    "encrypt",
+                    "-R",
+                    &r,
+                    "-j",
+                    jobs,
+                    "--segment-size",
+                    seg,
+                    "big",
+                ],
+            ),
+            "encrypt big",
+        );
+        for dj in ["1", "2"] {
+            let dec = run(d, &["decrypt", "-i", "id", "-j", dj, "-o", "-", "big.tpmc"]);
+            assert_ok(&dec, "decrypt big");
+            assert!(dec.stdout == data, "encrypt -j {jobs} / decrypt -j {dj}");
+        }
+    }
+    // Default -j (number of CPUs) to a file.
+    assert_ok(
+        &run(d, &["decrypt", "-i", "id", "-o", "big.out", "big.tpmc"]),
+        "decrypt big default -j",
+    );
+    assert!(fs::read(d.join("big.out")).unwrap() == data);
+}
+
+#[test]
+fn backends_interoperate() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let backends = ["openssl", "ring", "rustcrypto"];
+    let combos: &[(&str, u32)] = &[
+        ("gcm", 128),
+        ("gcm", 192),
+        ("gcm", 256),
+        ("cbc", 128),
+        ("cbc", 192),
+        ("cbc", 256),
+    ];
+    let mut n = 0;
+    for (bi, backend) in backends.iter().enumerate() {
+        for &(mode, bits) in combos {
+            let ring_ok = mode == "gcm" && bits != 192;
+            let seg = segment_arg(mode, bits).to_string();
+            let bits_s = bits.to_string();
+            let data = bytes(3 * 4096 + 7, n);
+            n += 1;
+            let name = format!("{backend}-{mode}-{bits}");
+            fs::write(d.join(&name), &data).unwrap();
+            let args = [
+                "encrypt",
+                "-R",
+                &r,
+                "--backend",
+                backend,
+                "--mode",
+                mode,
+                "--bits",
+                &bits_s,
+                "--segment-size",
+                &seg,
+                &name,
+            ];
+            let enc = run(d, &args);
+            if *backend == "ring" && !ring_ok {
+                assert_usage(&enc, &name);
+                assert!(!d.join(format!("{name}.tpmc")).exists());
+                continue;
+            }
+            assert_ok(&enc, &name);
+            // Decrypt with every backend that supports the file.
+            for other in backends.iter().cycle().skip(bi + 1).take(3) {
+                if *other == "ring" && !ring_ok {
+                    continue;
+                }
+                let dec = run(
+                    d,
+                    &[
+                        "decrypt",
+                        "--backend",
+                        other,
+                        "-i",
+                        "id",
+                        "-o",
+                        "-",
+                        &format!("{name}.tpmc"),
+                    ],
+                );
+                assert_ok(&dec, &format!("{name} decrypted by {other}"));
+                assert!(dec.stdout == data, "{name} decrypted by {other}");
+            }
+        }
+    }
+    // Decrypting cbc with ring fails cleanly: one error line, no output.
+    let dec = run(
+        d,
+        &[
+            "decrypt",
+            "--backend",
+            "ring",
+            "-i",
+            "id",
+            "-o",
+            "ring-out",
+            "openssl-cbc-128.tpmc",
+        ],
+    );
+    // Not an integrity failure: the file is fine, the backend cannot do it.
+    assert!(
+        dec.code != OK && dec.code != INTEGRITY,
+        "ring and cbc: exit {}",
+        dec.code
+    );
+    assert_error(&dec, dec.code, "openssl-cbc-128.tpmc", "ring and cbc");
+    assert!(dec.stderr.contains("ring"), "{}", dec.stderr);
+    assert!(!d.join("ring-out").exists());
+    assert!(partials(d).is_empty());
+    let r2 = run(d, &["encrypt", "-R", &r, "--backend", "nope", "x"]);
+    assert_usage(&r2, "unknown backend");
+}
+
+#[test]
+fn recipients_as_string_file_and_several() {
+    let (dir, ra) = scratch();
+    let d = dir.path();
+    let rb = recovery(d, "id2");
+    recovery(d, "id3");
+    fs::write(d.join("recipient.txt"), format!("# a comment\n{rb}\n")).unwrap();
+    let data = bytes(10_000, 3);
+    fs::write(d.join("p"), &data).unwrap();
+
+    // As a file holding the string.
+    assert_ok(
+        &run(d, &["encrypt", "-R", "recipient.txt", "-o", "f.tpmc", "p"]),
+        "recipient file",
+    );
+    let dec = run(d, &["decrypt", "-i", "id2", "-o", "-", "f.tpmc"]);
+    assert_ok(&dec, "identity of the recipient file");
+    assert!(dec.stdout == data);
+    let dec = run(d, &["decrypt", "-i", "id", "-o", "out", "f.tpmc"]);
+    assert_error(&dec, INTEGRITY, "f.tpmc", "not a recipient");
+    assert!(!d.join("out").exists());
+
+    // Two recipients: either identity decrypts; a third does not.
+    assert_ok(
+        &run(
+            d,
+            &[
+                "encrypt",
+                "-R",
+                &ra,
+                "-R",
+                "recipient.txt",
+                "-o",
+                "two.tpmc",
+                "p",
+            ],
+        ),
+        "two recipients",
+    );
+    let info = inspect_json(d, "two.tpmc", &[]);
+    let recips = info["recipients"].as_array().unwrap();
+    assert_eq!(recips.len(), 2);
+    assert_ne!(recips[0]["fingerprint"], recips[1]["fingerprint"]);
+    for id in ["id", "id2"] {
+        let dec = run(d, &["decrypt", "-i", id, "-o", "-", "two.tpmc"]);
+        assert_ok(&dec, id);
+        assert!(dec.stdout == data, "{id}");
+    }
+    let dec = run(d, &["decrypt", "-i", "id3", "-o", "-", "two.tpmc"]);
+    assert_error(&dec, INTEGRITY, "two.tpmc", "third identity");
+    assert!(dec.stdout.is_empty());
+    // Several identities: any one that matches will do.
+    let dec = run(
+        d,
+        &["decrypt", "-i", "id3", "-i", "id2", "-o", "-", "two.tpmc"],
+    );
+    assert_ok(&dec, "-i id3 -i id2");
+    assert!(dec.stdout == data);
+
+    // Invalid recipients are usage errors.
+    for bad in ["nonsense", "tpmcrypt-recovery:AAAA", "tpmcrypt-recovery:!!"] {
+        let r = run(d, &["encrypt", "-R", bad, "-o", "x.tpmc", "p"]);
+        assert_usage(&r, bad);
+        assert_eq!(r.stderr.lines().count(), 1, "{bad}: {}", r.stderr);
+        assert!(!d.join("x.tpmc").exists());
+    }
+    fs::write(d.join("empty.txt"), "nothing here\n").unwrap();
+    let r = run(d, &["encrypt", "-R", "empty.txt", "-o", "x.tpmc", "p"]);
+    assert_usage(&r, "file without a recipient");
+    // Invalid identity file: usage; missing identity file: other.
+    let r = run(d, &["decrypt", "-i", "empty.txt", "-o", "-", "f.tpmc"]);
+    assert_error(&r, USAGE, "empty.txt", "text file as identity");
+    let r = run(d, &["decrypt", "-i", "missing", "-o", "-", "f.tpmc"]);
+    assert_error(&r, OTHER, "missing", "missing identity");
+}
+
+// ---------------------------------------------------------------- files
+
+#[test]
+fn many_inputs_names_and_existing_outputs() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let names = ["a", "b.txt", "c.tar.gz"];
+    for (i, n) in names.iter().enumerate() {
+        fs::write(d.join(n), bytes(100 + i, i as u64)).unwrap();
+    }
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "a", "b.txt", "c.tar.gz"]),
+        "encrypt three",
+    );
+    for n in names {
+        assert!(d.join(format!("{n}.tpmc")).exists(), "{n}.tpmc");
+        assert!(d.join(n).exists(), "original {n} kept");
+    }
+
+    // Existing outputs: exit 1, the existing file untouched, the others done.
+    let before = fs::read(d.join("a.tpmc")).unwrap();
+    fs::remove_file(d.join("b.txt.tpmc")).unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "a", "b.txt"]);
+    assert_error(&res, OTHER, "a", "existing output");
+    assert!(res.stderr.contains("already exists"), "{}", res.stderr);
+    assert_eq!(fs::read(d.join("a.tpmc")).unwrap(), before);
+    assert!(
+        d.join("b.txt.tpmc").exists(),
+        "other inputs still processed"
+    );
+    // Decrypt refuses to overwrite plaintext.
+    let orig_a = fs::read(d.join("a")).unwrap();
+    fs::write(d.join("a"), b"changed").unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "a.tpmc"]);
+    assert_error(&res, OTHER, "a.tpmc", "existing plaintext");
+    assert_eq!(fs::read(d.join("a")).unwrap(), b"changed");
+    // --force replaces.
+    assert_ok(
+        &run(d, &["decrypt", "-i", "id", "--force", "a.tpmc"]),
+        "--force",
+    );
+    assert_eq!(fs::read(d.join("a")).unwrap(), orig_a);
+    assert_ok(&run(d, &["encrypt", "-R", &r, "-f", "a"]), "encrypt -f");
+    assert_ne!(fs::read(d.join("a.tpmc")).unwrap(), before, "replaced");
+    assert!(partials(d).is_empty());
+
+    // Decrypt strips .tpmc.
+    for n in names {
+        fs::rename(d.join(n), d.join(format!("{n}.orig"))).unwrap();
+    }
+    assert_ok(
+        &run(
+            d,
+            &[
+                "decrypt",
+                "-i",
+                "id",
+                "a.tpmc",
+                "b.txt.tpmc",
+                "c.tar.gz.tpmc",
+            ],
+        ),
+        "decrypt three",
+    );
+    for n in names {
+        assert_eq!(
+            fs::read(d.join(n)).unwrap(),
+            fs::read(d.join(format!("{n}.orig"))).unwrap(),
+            "{n}"
+        );
+    }
+    // No .tpmc suffix and no -o: usage.
+    fs::copy(d.join("a.tpmc"), d.join("noext")).unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "noext"]);
+    assert_usage(&res, "no .tpmc suffix");
+    let res = run(d, &["decrypt", "-i", "id", "-o", "-", "noext"]);
+    assert_ok(&res, "no suffix with -o -");
+    assert_eq!(res.stdout, orig_a);
+
+    // -o with two inputs, directories without -r, -o with -r, stdin mixed.
+    let res = run(d, &["encrypt", "-R", &r, "-o", "x", "a", "b.txt"]);
+    assert_usage(&res, "-o with two inputs");
+    fs::create_dir(d.join("sub")).unwrap();
+    fs::write(d.join("sub/z"), b"z").unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "sub"]);
+    assert_usage(&res, "directory without -r");
+    assert!(res.stderr.starts_with("error: sub: "), "{}", res.stderr);
+    let res = run(d, &["encrypt", "-R", &r, "-r", "-o", "x", "sub"]);
+    assert_usage(&res, "-o with -r");
+    let res = run(d, &["encrypt", "-R", &r, "a", "-"]);
+    assert_usage(&res, "stdin mixed with files");
+    let res = run(d, &["encrypt", "-R", &r, "missing"]);
+    assert_error(&res, OTHER, "missing", "missing input");
+    let res = run(d, &["encrypt", "-R", &r, "-o", "no-such-dir/x", "a"]);
+    assert_error(&res, OTHER, "a", "output in a missing directory");
+    assert!(!d.join("x").exists());
+    assert!(!d.join("sub/z.tpmc").exists());
+}
+
+#[test]
+fn recursion_skips_links_and_picks_by_suffix() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let tree = d.join("tree");
+    let outside = d.join("outside");
+    fs::create_dir_all(tree.join("sub/deeper")).unwrap();
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), b"outside").unwrap();
+    let files = ["top", "sub/mid", "sub/deeper/low", "sub/deeper/.hidden"];
+    for (i, f) in files.iter().enumerate() {
+        fs::write(tree.join(f), bytes(1000 + i, 40 + i as u64)).unwrap();
+    }
+    fs::write(tree.join("sub/old.tpmc"), b"not really ciphertext").unwrap();
+    symlink(outside.join("secret"), tree.join("link-to-file")).unwrap();
+    symlink(&outside, tree.join("sub/link-to-dir")).unwrap();
+
+    assert_ok(&run(d, &["encrypt", "-R", &r, "-r", "tree"]), "encrypt -r");
+    for f in files {
+        assert!(tree.join(format!("{f}.tpmc")).exists(), "{f}.tpmc");
+    }
+    assert!(!tree.join("link-to-file.tpmc").exists(), "followed a link");
+    assert!(
+        !tree.join("sub/old.tpmc.tpmc").exists(),
+        "encrypted a .tpmc"
+    );
+    assert_eq!(listing(&outside), vec!["secret"], "followed a dir link");
+    assert_eq!(
+        listing(&tree.join("sub")),
+        vec!["deeper", "link-to-dir", "mid", "mid.tpmc", "old.tpmc"]
+    );
+
+    // Decrypt -r: only .tpmc files; the bogus one fails (exit 3) without
+    // stopping the others.
+    let originals: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| fs::read(tree.join(f)).unwrap())
+        .collect();
+    for f in files {
+        fs::remove_file(tree.join(f)).unwrap();
+    }
+    fs::write(tree.join("new-plain"), b"plain").unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "-r", "tree"]);
+    assert_error(&res, INTEGRITY, "tree/sub/old.tpmc", "bogus .tpmc");
+    for (f, data) in files.iter().zip(&originals) {
+        assert_eq!(&fs::read(tree.join(f)).unwrap(), data, "{f}");
+    }
+    assert!(!tree.join("sub/old").exists());
+    assert!(!tree.join("new-plain.tpmc").exists());
+    assert_eq!(fs::read(tree.join("new-plain")).unwrap(), b"plain");
+    let res = run(d, &["decrypt", "-i", "id", "tree"]);
+    assert_usage(&res, "decrypt a directory without -r");
+}
+
+#[test]
+fn in_place_encrypt_and_decrypt() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let names = ["one", "two", "three"];
+    let mut originals = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let data = bytes(5000 * i, 60 + i as u64);
+        fs::write(d.join(n), &data).unwrap();
+        originals.push(data);
+    }
+    chmod(&d.join("two"), 0o640);
+    assert_ok(
+        &run(
+            d,
+            &["encrypt", "-R", &r, "--in-place", "one", "two", "three"],
+        ),
+        "encrypt --in-place",
+    );
+    assert_eq!(
+        listing(d),
+        vec!["id", "one.tpmc", "three.tpmc", "two.tpmc"],
+        "originals removed"
+    );
+    assert_eq!(mode_of(&d.join("two.tpmc")), 0o640);
+    assert_ok(
+        &run(
+            d,
+            &[
+                "decrypt",
+                "-i",
+                "id",
+                "--in-place",
+                "one.tpmc",
+                "two.tpmc",
+                "three.tpmc",
+            ],
+        ),
+        "decrypt --in-place",
+    );
+    assert_eq!(listing(d), vec!["id", "one", "three", "two"]);
+    for (n, data) in names.iter().zip(&originals) {
+        assert_eq!(&fs::read(d.join(n)).unwrap(), data, "{n}");
+    }
+    assert_eq!(mode_of(&d.join("two")), 0o640);
+
+    // A failing in-place decrypt keeps its input.
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "--in-place", "one"]),
+        "encrypt one",
+    );
+    let mut ct = fs::read(d.join("one.tpmc")).unwrap();
+    let last = ct.len() - 1;
+    ct[last] ^= 1;
+    fs::write(d.join("one.tpmc"), &ct).unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "--in-place", "one.tpmc"]);
+    assert_error(&res, INTEGRITY, "one.tpmc", "tampered in-place");
+    assert_eq!(fs::read(d.join("one.tpmc")).unwrap(), ct);
+    assert!(!d.join("one").exists());
+    // An existing output keeps the input too.
+    fs::write(d.join("two.tpmc"), b"in the way").unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "--in-place", "two"]);
+    assert_error(&res, OTHER, "two", "in-place over an existing output");
+    assert_eq!(fs::read(d.join("two")).unwrap(), originals[1]);
+    assert_eq!(fs::read(d.join("two.tpmc")).unwrap(), b"in the way");
+
+    let res = run_stdin(d, &["encrypt", "-R", &r, "--in-place"], b"x");
+    assert_usage(&res, "--in-place with stdin");
+    let res = run(d, &["encrypt", "-R", &r, "--in-place", "-o", "x", "two"]);
+    assert_usage(&res, "--in-place with -o");
+}
+
+#[test]
+fn output_permissions_follow_input() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    for (name, mode) in [("a", 0o640), ("b", 0o600), ("c", 0o604)] {
+        fs::write(d.join(name), bytes(3000, mode as u64)).unwrap();
+        chmod(&d.join(name), mode);
+        assert_ok(&run(d, &["encrypt", "-R", &r, name]), name);
+        let ct = format!("{name}.tpmc");
+        assert_eq!(mode_of(&d.join(&ct)), mode, "encrypt {name}");
+        let out = format!("{name}.out");
+        assert_ok(&run(d, &["decrypt", "-i", "id", "-o", &out, &ct]), name);
+        assert_eq!(mode_of(&d.join(&out)), mode, "decrypt {name}");
+    }
+    // From stdin: 0666 minus the umask.
+    let status = std::process::Command::new("sh")
+        .current_dir(d)
+        .arg("-c")
+        .arg(format!(
+            "umask 027; printf hello | '{}' encrypt -R '{r}' -o s.tpmc",
+            common::bin().display()
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(mode_of(&d.join("s.tpmc")), 0o640);
+}
+
+// ---------------------------------------------------------------- sessions
+
+#[test]
+fn one_unwrap_per_session() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let batch = |prefix: &str, n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                let name = format!("{prefix}{i:02}");
+                fs::write(d.join(&name), bytes(i * 37, i as u64)).unwrap();
+                name
+            })
+            .collect()
+    };
+    let first = batch("a", 50);
+    let mut args = vec!["encrypt", "-R", &r, "--in-place"];
+    args.extend(first.iter().map(String::as_str));
+    assert_ok(&run(d, &args), "encrypt 50");
+
+    let cts: Vec<String> = first.iter().map(|n| format!("{n}.tpmc")).collect();
+    let mut args = vec!["decrypt", "-v", "-i", "id"];
+    args.extend(cts.iter().map(String::as_str));
+    let res = run(d, &args);
+    assert_ok(&res, "decrypt 50");
+    assert!(
+        res.stderr.contains("1 session key unwrap(s)"),
+        "stderr: {}",
+        res.stderr
+    );
+    assert!(
+        res.stderr.contains("decrypted 50 file(s)"),
+        "{}",
+        res.stderr
+    );
+
+    // Two batches, two sessions: two unwraps.
+    let second = batch("b", 5);
+    let mut args = vec!["encrypt", "-R", &r];
+    args.extend(second.iter().map(String::as_str));
+    assert_ok(&run(d, &args), "second batch");
+    for n in &second {
+        fs::remove_file(d.join(n)).unwrap();
+    }
+    for n in &first {
+        fs::remove_file(d.join(n)).unwrap();
+    }
+    let res = run(d, &["decrypt", "-v", "-i", "id", "-r", "."]);
+    assert_ok(&res, "decrypt both batches");
+    assert!(
+        res.stderr.contains("decrypted 55 file(s)")
+            && res.stderr.contains("2 session key unwrap(s)"),
+        "stderr: {}",
+        res.stderr
+    );
+}
+
+// ---------------------------------------------------------------- inspect
+
+#[test]
+fn inspect_text_and_json() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("x"), bytes(10_000, 1)).unwrap();
+    fs::write(d.join("y"), bytes(20, 2)).unwrap();
+    assert_ok(
+        &run(
+            d,
+            &[
+                "encrypt",
+                "-R",
+                &r,
+                "--bits",
+                "128",
+                "--segment-size",
+                "4096",
+                "x",
+                "y",
+            ],
+        ),
+        "encrypt",
+    );
+    let size = fs::metadata(d.join("x.tpmc")).unwrap().len();
+    let x = inspect_json(d, "x.tpmc", &[]);
+    let keys: Vec<&str> = x.as_object().unwrap().keys().map(String::as_str).collect();
+    for k in [
+        "file",
+        "format_version",
+        "mode",
+        "key_bits",
+        "segment_size",
+        "header_length",
+        "payload_offset",
+        "session_id",
+        "hkdf_hash",
+        "tink_compatible",
+        "recipients",
+    ] {
+        assert!(keys.contains(&k), "missing {k} in {x}");
+    }
+    assert!(!keys.contains(&"session_key"), "session key without asking");
+    assert_eq!(x["file"], "x.tpmc");
+    assert_eq!(x["format_version"], 1);
+    assert_eq!(x["mode"], "gcm");
+    assert_eq!(x["key_bits"], 128);
+    assert_eq!(x["segment_size"], 4096);
+    assert_eq!(x["hkdf_hash"], "SHA256");
+    assert_eq!(x["tink_compatible"], true);
+    let offset = x["payload_offset"].as_u64().unwrap();
+    assert_eq!(x["header_length"].as_u64().unwrap(), offset);
+    assert!(offset > 16 + 32 && offset < size, "{offset}");
+    let sid = x["session_id"].as_str().unwrap();
+    assert_eq!(sid.len(), 32);
+    assert!(sid.bytes().all(|b| b.is_ascii_hexdigit()));
+    let recips = x["recipients"].as_array().unwrap();
+    assert_eq!(recips.len(), 1);
+    assert_eq!(recips[0]["kind"], "recovery-p256");
+    assert_eq!(recips[0]["kind_id"], 1);
+    let fp = recips[0]["fingerprint"].as_str().unwrap();
+    assert_eq!(fp.len(), 32);
+
+    // Same invocation: same session; another invocation: another session,
+    // same recipient fingerprint.
+    let y = inspect_json(d, "y.tpmc", &[]);
+    assert_eq!(y["session_id"], x["session_id"]);
+    assert_ok(&run(d, &["encrypt", "-R", &r, "-o", "z.tpmc", "x"]), "z");
+    let z = inspect_json(d, "z.tpmc", &[]);
+    assert_ne!(z["session_id"], x["session_id"]);
+    assert_eq!(z["recipients"][0]["fingerprint"], fp);
+    assert_eq!(z["segment_size"], 1 << 20);
+    assert_eq!(z["key_bits"], 256);
+
+    // Session key: 64 hex chars, shared within a session.
+    let kx = inspect_json(d, "x.tpmc", &["-i", "id", "--reveal-session-key"]);
+    let ky = inspect_json(d, "y.tpmc", &["-i", "id", "--reveal-session-key"]);
+    let kz = inspect_json(d, "z.tpmc", &["-i", "id", "--reveal-session-key"]);
+    let key = kx["session_key"].as_str().unwrap();
+    assert_eq!(key.len(), 64);
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(ky["session_key"], kx["session_key"]);
+    assert_ne!(kz["session_key"], kx["session_key"]);
+    let res = run(d, &["inspect", "x.tpmc", "--reveal-session-key"]);
+    assert_usage(&res, "--reveal-session-key without -i");
+    assert!(res.stdout.is_empty());
+    recovery(d, "other");
+    let res = run(
+        d,
+        &["inspect", "-i", "other", "--reveal-session-key", "x.tpmc"],
+    );
+    assert_error(&res, INTEGRITY, "x.tpmc", "reveal with the wrong identity");
+    assert!(res.stdout.is_empty());
+
+    // Text form.
+    let res = run(
+        d,
+        &["inspect", "-i", "id", "--reveal-session-key", "x.tpmc"],
+    );
+    assert_ok(&res, "inspect");
+    let text = String::from_utf8(res.stdout).unwrap();
+    for needle in [
+        "mode:            gcm".to_string(),
+        "key bits:        128".to_string(),
+        "segment size:    4096".to_string(),
+        format!("payload offset:  {offset}"),
+        format!("session id:      {sid}"),
+        "tink compatible: yes".to_string(),
+        format!("recovery-p256  {fp}"),
+        format!("session key:     {key}"),
+    ] {
+        assert!(text.contains(&needle), "{needle:?} not in:\n{text}");
+    }
+    let res = run(d, &["inspect", "x.tpmc"]);
+    assert!(!String::from_utf8(res.stdout)
+        .unwrap()
+        .contains("session key"));
+
+    // Not Tink-compatible: cbc, and gcm with 192-bit keys.
+    for (mode, bits, seg) in [("cbc", "192", "4104"), ("gcm", "192", "4096")] {
+        let out = format!("{mode}{bits}.tpmc");
+        assert_ok(
+            &run(
+                d,
+                &[
+                    "encrypt",
+                    "-R",
+                    &r,
+                    "--mode",
+                    mode,
+                    "--bits",
+                    bits,
+                    "--segment-size",
+                    seg,
+                    "-o",
+                    &out,
+                    "y",
+                ],
+            ),
+            &out,
+        );
+        let j = inspect_json(d, &out, &[]);
+        assert_eq!(j["mode"], mode);
+        assert_eq!(j["key_bits"], 192);
+        assert_eq!(j["segment_size"].to_string(), seg);
+        assert_eq!(j["tink_compatible"], false);
+        let res = run(d, &["inspect", &out]);
+        assert!(String::from_utf8(res.stdout)
+            .unwrap()
+            .contains("tink compatible: no"));
+    }
+
+    // Not a tpmcrypt file.
+    fs::write(d.join("junk"), b"just some text\n").unwrap();
+    let res = run(d, &["inspect", "junk"]);
+    assert_error(&res, INTEGRITY, "junk", "inspect junk");
+    let res = run(d, &["inspect", "missing"]);
+    assert_error(&res, OTHER, "missing", "inspect missing");
+}
+
+// ---------------------------------------------------------------- integrity
+
+struct Tampered {
+    name: &'static str,
+    bytes: Vec<u8>,
+    /// Expected in the error message, if anything specific.
+    message: Option<&'static str>,
+}
+
+/// Damaged copies of `ct`, whose header ends at `offset`, followed by a
+/// stream header of `stream_header` bytes; ciphertext segments of `seg`
+/// bytes start at `base`.
+fn tampered_variants(
+    ct: &[u8],
+    offset: usize,
+    stream_header: usize,
+    base: usize,
+    seg: usize,
+) -> Vec<Tampered> {
+    let flip = |at: usize| {
+        let mut v = ct.to_vec();
+        v[at] ^= 0x01;
+        v
+    };
+    let cut = |len: usize| ct[..len].to_vec();
+    let segment = |i: usize| base + i * seg..base + (i + 1) * seg;
+    let mut appended = ct.to_vec();
+    appended.push(0);
+    let mut with_copy = ct.to_vec();
+    with_copy.extend_from_slice(&ct[segment(1)]);
+    let mut swapped = ct.to_vec();
+    swapped[segment(1)].copy_from_slice(&ct[segment(2)]);
+    swapped[segment(2)].copy_from_slice(&ct[segment(1)]);
+    let t = |name, bytes, message| Tampered {
+        name,
+        bytes,
+        message,
+    };
+    vec![
+        t("magic", flip(0), Some("not a tpmcrypt file")),
+        t("version", flip(8), None),
+        t("mode byte", flip(9), None),
+        t("segment size", flip(13), None),
+        t("stanza count", flip(15), None),
+        t("stanza body", flip(40), None),
+        t("header mac", flip(offset - 1), Some("header")),
+        t("stream header length", flip(offset), None),
+        t("salt", flip(offset + 3), None),
+        t("segment 0", flip(base + seg / 2), Some("segment 0")),
+        t(
+            "segment 2",
+            flip(base + 2 * seg + seg / 2),
+            Some("segment 2"),
+        ),
+        t("last tag byte", flip(ct.len() - 1), None),
+        t("empty", Vec::new(), None),
+        t("cut in magic", cut(5), None),
+        t("cut in header", cut(offset - 1), None),
+        t("cut at payload", cut(offset), None),
+        t("cut in stream header", cut(offset + 4), None),
+        t("cut after stream header", cut(offset + stream_header), None),
+        t(
+            "cut at segment boundary",
+            cut(base + 3 * seg),
+            Some("truncated"),
+        ),
+        t("cut mid segment", cut(base + 3 * seg + 100), None),
+        t("cut last byte", cut(ct.len() - 1), None),
+        t("appended byte", appended, None),
+        t("appended segment", with_copy, None),
+        t("swapped segments", swapped, None),
+    ]
+}
+
+/// Every kind of damage: exit 3, one `error: <file>:` line, no output under
+/// the final name and no temporary left; to stdout, at most an
+/// authenticated prefix of the plaintext.
+#[test]
+fn integrity_failures() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    recovery(d, "other");
+    for (mode, bits) in [("gcm", 256u32), ("cbc", 128)] {
+        let seg = 4096;
+        let layout = Layout::new(mode, bits, seg);
+        let len = layout.plain(0) + 4 * layout.plain(1) + 100; // 6 segments
+        let data = bytes(len, 11);
+        fs::write(d.join("plain"), &data).unwrap();
+        let bits_s = bits.to_string();
+        let ct_name = format!("{mode}.tpmc");
+        assert_ok(
+            &run(
+                d,
+                &[
+                    "encrypt",
+                    "-R",
+                    &r,
+                    "--mode",
+                    mode,
+                    "--bits",
+                    &bits_s,
+                    "--segment-size",
+                    "4096",
+                    "-o",
+                    &ct_name,
+                    "plain",
+                ],
+            ),
+            mode,
+        );
+        let ct = fs::read(d.join(&ct_name)).unwrap();
+        let offset = payload_offset(d, &ct_name);
+        // gcm counts the stream header in segment 0; cbc does not.
+        let base = if mode == "cbc" {
+            offset + layout.stream_header()
+        } else {
+            offset
+        };
+        let mut cases = tampered_variants(&ct, offset, layout.stream_header(), base, seg);
+        cases.push(Tampered {
+            name: "intact, wrong identity",
+            bytes: ct.clone(),
+            message: Some("no identity matches"),
+        });
+        cases.push(Tampered {
+            name: "not tpmcrypt",
+            bytes: b"hello, this is plain text\n".repeat(100),
+            message: Some("not a tpmcrypt file"),
+        });
+        for (i, case) in cases.iter().enumerate() {
+            let what = format!("{mode}: {}", case.name);
+            let sub = d.join(format!("case-{mode}-{i}"));
+            fs::create_dir(&sub).unwrap();
+            fs::write(sub.join("bad.tpmc"), &case.bytes).unwrap();
+            let id = if case.name.starts_with("intact") {
+                "../other"
+            } else {
+                "../id"
+            };
+            // File → file (sequential).
+            let res = run(&sub, &["decrypt", "-i", id, "bad.tpmc"]);
+            assert_error(&res, INTEGRITY, "bad.tpmc", &what);
+            if let Some(m) = case.message {
+                assert!(
+                    res.stderr.contains(m),
+                    "{what}: {:?} lacks {m:?}",
+                    res.stderr
+                );
+            }
+            // File → -o file.
+            let res = run(&sub, &["decrypt", "-i", id, "-o", "out", "bad.tpmc"]);
+            assert_error(&res, INTEGRITY, "bad.tpmc", &what);
+            assert_eq!(listing(&sub), vec!["bad.tpmc"], "{what}: leftovers");
+            // stdin → stdout, parallel: at most an authenticated prefix.
+            let res = run_stdin(&sub, &["decrypt", "-i", id, "-j", "2"], &case.bytes);
+            assert_error(&res, INTEGRITY, "<stdin>", &what);
+            assert!(
+                data.starts_with(&res.stdout),
+                "{what}: stdout is not a prefix of the plaintext"
+            );
+            assert!(res.stdout.len() < data.len(), "{what}: everything written");
+        }
+    }
+}
+
+/// Tampering with segment 2: stdout holds exactly segments 0 and 1.
+#[test]
+fn stdout_stops_before_the_tampered_segment() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    for (mode, bits) in [("gcm", 128u32), ("cbc", 256)] {
+        let layout = Layout::new(mode, bits, 4096);
+        let len = layout.plain(0) + 7 * layout.plain(1) + 5;
+        let data = bytes(len, 21);
+        fs::write(d.join("plain"), &data).unwrap();
+        let bits_s = bits.to_string();
+        let name = format!("{mode}.tpmc");
+        assert_ok(
+            &run(
+                d,
+                &[
+                    "encrypt",
+                    "-R",
+                    &r,
+                    "--mode",
+                    mode,
+                    "--bits",
+                    &bits_s,
+                    "--segment-size",
+                    "4096",
+                    "-o",
+                    &name,
+                    "plain",
+                ],
+            ),
+            mode,
+        );
+        let offset = payload_offset(d, &name);
+        let mut ct = fs::read(d.join(&name)).unwrap();
+        let base = if mode == "cbc" {
+            offset + layout.stream_header()
+        } else {
+            offset
+        };
+        ct[base + 2 * 4096 + 1000] ^= 0x80;
+        fs::write(d.join(&name), &ct).unwrap();
+        let expect = &data[..layout.plain(0) + layout.plain(1)];
+        for args in [
+            vec!["decrypt", "-i", "id", "-o", "-", &name],
+            vec!["decrypt", "-i", "id", "-j", "1", "-o", "-", &name],
+            vec!["decrypt", "-i", "id", "-j", "2", "-o", "-", &name],
+        ] {
+            let res = run(d, &args);
+            assert_error(&res, INTEGRITY, &name, mode);
+            assert!(res.stderr.contains("segment 2"), "{}", res.stderr);
+            assert!(
+                res.stdout == expect,
+                "{mode} {args:?}: {} bytes",
+                res.stdout.len()
+            );
+        }
+        for jobs in ["1", "2"] {
+            let res = run_stdin(d, &["decrypt", "-i", "id", "-j", jobs], &ct);
+            assert_error(&res, INTEGRITY, "<stdin>", mode);
+            assert!(
+                res.stdout == expect,
+                "{mode} stdin -j {jobs}: {}",
+                res.stdout.len()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- crashes
+
+/// SIGKILL while writing `-o out.tpmc` from a slow pipe: no `out.tpmc`;
+/// the next run to that output removes the dead process's temporary.
+#[test]
+fn kill_during_encrypt_leaves_no_output() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let mut child = tpmcrypt(d)
+        .args(["encrypt", "-R", &r, "-o", "out.tpmc"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&bytes(100_000, 1)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while partials(d).is_empty() {
+        assert!(Instant::now() < deadline, "no partial file appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stdin.write_all(&bytes(1000, 2)).unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    drop(stdin);
+    let left = partials(d);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].starts_with(".out.tpmc.tpmcrypt-partial."),
+        "{left:?}"
+    );
+    assert!(!d.join("out.tpmc").exists());
+
+    // A temporary of a live process (this one) is left alone.
+    let live = format!(".out.tpmc{PARTIAL_MARKER}{}.0000", std::process::id());
+    fs::write(d.join(&live), b"busy").unwrap();
+    let res = run_stdin(d, &["encrypt", "-R", &r, "-o", "out.tpmc"], b"fine");
+    assert_ok(&res, "rerun");
+    assert_eq!(partials(d), vec![live], "stale temporary not cleaned");
+    let res = run(d, &["decrypt", "-i", "id", "-o", "-", "out.tpmc"]);
+    assert_ok(&res, "decrypt rerun");
+    assert_eq!(res.stdout, b"fine");
+}
+
+/// SIGKILL at random moments of `--in-place` over many files: every file is
+/// there as plaintext or as ciphertext that decrypts to it, never neither.
+#[test]
+fn kill_during_in_place_never_loses_a_file() {
+    use tpmcrypt_cipher::recovery::RecoveryKey;
+    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
+
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let id_text = fs::read_to_string(d.join("id")).unwrap();
+    let decrypt_in_process = |path: &Path| -> Vec<u8> {
+        let identity: Box<dyn Identity> = Box::new(
+            RecoveryKey::parse(&id_text)
+                .unwrap()
+                .into_identity()
+                .unwrap(),
+        );
+        let mut out = Vec::new();
+        Decryptor::new(vec![identity])
+            .decrypt(
+                fs::File::open(path).unwrap(),
+                &mut out,
+                &StreamOptions::sequential(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        out
+    };
+
+    const FILES: usize = 200;
+    let mut rng = Rng(0x5eed_1234_abcd);
+    let mut delay_ms = 20u64;
+    let (mut interrupted, mut trials) = (0, 0);
+    while trials < 20 || (interrupted == 0 && trials < 40) {
+        trials += 1;
+        let trial = d.join(format!("t{trials}"));
+        fs::create_dir(&trial).unwrap();
+        let mut names = Vec::with_capacity(FILES);
+        for i in 0..FILES {
+            let name = format!("f{i:03}");
+            fs::write(trial.join(&name), bytes(4096, (trials * 1000 + i) as u64)).unwrap();
+            names.push(name);
+        }
+        // Alternate: usually encrypt, sometimes decrypt, in place.
+        let decrypting = trials % 4 == 0;
+        if decrypting {
+            let mut args = vec!["encrypt", "-R", &r, "--in-place"];
+            args.extend(names.iter().map(String::as_str));
+            assert_ok(&run(&trial, &args), "setup");
+        }
+        let cts: Vec<String> = names.iter().map(|n| format!("{n}.tpmc")).collect();
+        let mut args: Vec<&str> = if decrypting {
+            let mut a = vec!["decrypt", "-i", "../id", "--in-place"];
+            a.extend(cts.iter().map(String::as_str));
+            a
+        } else {
+            let mut a = vec!["encrypt", "-R", &r, "--in-place"];
+            a.extend(names.iter().map(String::as_str));
+            a
+        };
+        args.push("-q");
+        let mut child = tpmcrypt(&trial)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 1 + rng.below(delay_ms);
+        std::thread::sleep(Duration::from_millis(wait));
+        let _ = child.kill();
+        child.wait().unwrap();
+
+        let mut done = 0;
+        for (i, name) in names.iter().enumerate() {
+            let original = bytes(4096, (trials * 1000 + i) as u64);
+            let plain = trial.join(name);
+            let ct = trial.join(format!("{name}.tpmc"));
+            let (has_plain, has_ct) = (plain.exists(), ct.exists());
+            assert!(
+                has_plain || has_ct,
+                "trial {trials}: {name} lost (neither plaintext nor ciphertext)"
+            );
+            if has_plain {
+                assert!(
+                    fs::read(&plain).unwrap() == original,
+                    "trial {trials}: {name} plaintext differs"
+                );
+            }
+            if has_ct {
+                assert!(
+                    decrypt_in_process(&ct) == original,
+                    "trial {trials}: {name}.tpmc does not decrypt to the original"
+                );
+            }
+            if (has_ct && !decrypting) || (has_plain && decrypting) {
+                done += 1;
+            }
+        }
+        // Adapt the delay so that kills land mid-run.
+        if done == FILES {
+            delay_ms = (delay_ms * 2 / 3).max(2);
+        } else if done == 0 {
+            delay_ms = (delay_ms * 3 / 2).min(2000);
+        } else {
+            interrupted += 1;
+        }
+        fs::remove_dir_all(&trial).unwrap();
+    }
+    eprintln!("{trials} trials, {interrupted} killed mid-run, last delay bound {delay_ms} ms");
+    assert!(
+        interrupted > 0,
+        "no kill landed in the middle of a run in {trials} trials"
+    );
+}
+
+// ---------------------------------------------------------------- usage
+
+#[test]
+fn usage_errors_and_help() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"x").unwrap();
+    for (what, args) in [
+        (
+            "unknown flag",
+            vec!["encrypt", "--frobnicate", "-R", &r, "p"],
+        ),
+        ("unknown subcommand", vec!["frobnicate"]),
+        ("no subcommand", vec![]),
+        ("encrypt without -R", vec!["encrypt", "p"]),
+        ("decrypt without -i", vec!["decrypt", "p.tpmc"]),
+        ("bad mode", vec!["encrypt", "-R", &r, "--mode", "ecb", "p"]),
+        ("bad bits", vec!["encrypt", "-R", &r, "--bits", "512", "p"]),
+        (
+            "tiny segments",
+            vec!["encrypt", "-R", &r, "--segment-size", "10", "p"],
+        ),
+        (
+            "huge segments",
+            vec!["encrypt", "-R", &r, "--segment-size", "4000000000", "p"],
+        ),
+        (
+            "cbc segment not whole blocks",
+            vec![
+                "encrypt",
+                "-R",
+                &r,
+                "--mode",
+                "cbc",
+                "--segment-size",
+                "4100",
+                "p",
+            ],
+        ),
+        ("bad -j", vec!["encrypt", "-R", &r, "-j", "many", "p"]),
+        ("completions for no shell", vec!["completions", "nosh"]),
+    ] {
+        let res = run(d, &args);
+        assert_usage(&res, what);
+        assert!(res.stdout.is_empty(), "{what}: stdout {:?}", res.stdout);
+    }
+    assert!(!d.join("p.tpmc").exists());
+
+    let res = run(d, &["completions", "bash"]);
+    assert_ok(&res, "completions bash");
+    let text = String::from_utf8(res.stdout).unwrap();
+    assert!(
+        text.contains("tpmcrypt") && text.contains("encrypt"),
+        "{text}"
+    );
+    let res = run(d, &["--help"]);
+    assert_ok(&res, "--help");
+    let text = String::from_utf8(res.stdout).unwrap();
+    for sub in ["encrypt", "decrypt", "inspect", "recovery", "completions"] {
+        assert!(text.contains(sub), "--help lacks {sub}");
+    }
+    let res = run(d, &["encrypt", "--help"]);
+    assert_ok(&res, "encrypt --help");
+    let text = String::from_utf8(res.stdout).unwrap();
+    assert!(
+        text.contains("--recipient") && text.contains("--mode"),
+        "{text}"
+    );
+    assert!(!text.contains("segment-size"), "hidden flag shown: {text}");
+    let res = run(d, &["--version"]);
+    assert_ok(&res, "--version");
+    assert!(String::from_utf8(res.stdout)
+        .unwrap()
+        .starts_with("tpmcrypt "));
+}

@@ -1,0 +1,106 @@
+//! Shared helpers for the end-to-end tests: run the real binary in a
+//! scratch directory and capture what it did.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Path of the binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tpmcrypt"))
+}
+
+/// A command for the binary, run in `dir`, with a clean environment for
+/// the variables tpmcrypt reads.
+pub fn tpmcrypt(dir: &Path) -> Command {
+    let mut cmd = Command::new(bin());
+    // A keystore and agent socket of the test's own, never the user's.
+    cmd.current_dir(dir)
+        .env("TPMCRYPT_HOME", dir.join(".tpmcrypt-home"))
+        .env("TPMCRYPT_AGENT_SOCK", dir.join(".tpmcrypt-agent.sock"))
+        .env_remove("TPMCRYPT_TCTI")
+        .env_remove("TPMCRYPT_SIMULATOR")
+        .env_remove("TPMCRYPT_PIN")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// The result of a run.
+pub struct Run {
+    pub code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Self {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: o.stdout,
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// Runs `args` in `dir`.
+pub fn run(dir: &Path, args: &[&str]) -> Run {
+    tpmcrypt(dir)
+        .args(args)
+        .output()
+        .expect("spawn tpmcrypt")
+        .into()
+}
+
+/// Runs `args` in `dir` with `input` on stdin.
+pub fn run_stdin(dir: &Path, args: &[&str], input: &[u8]) -> Run {
+    use std::io::Write;
+    let mut child = tpmcrypt(dir)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tpmcrypt");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("wait");
+    writer.join().expect("stdin writer");
+    out.into()
+}
+
+/// Creates a recovery identity `name` in `dir`; returns its recipient string.
+pub fn recovery(dir: &Path, name: &str) -> String {
+    let r = run(dir, &["recovery", "create", "--out", name]);
+    assert_eq!(r.code, 0, "recovery create failed: {}", r.stderr);
+    String::from_utf8(r.stdout)
+        .expect("utf8")
+        .trim()
+        .to_string()
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Names of the entries of `dir`, sorted.
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
