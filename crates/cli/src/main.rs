@@ -31,6 +31,10 @@ pub struct Ui {
 fn main() {
     // Before anything may hold a key.
     harden::disable_core_dumps();
+    // tpm2-tss logs its own errors to stderr; ours say it better, once.
+    if std::env::var_os("TSS2_LOG").is_none() {
+        std::env::set_var("TSS2_LOG", "all+NONE");
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
