@@ -3,7 +3,7 @@
 //! `decrypt`, which differ only in the transform and the naming rule.
 
 use std::fs::{self, File};
-use std::io::{self, IsTerminal};
+use std::io::{self, IsTerminal, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -173,7 +173,11 @@ fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
 }
 
 /// A transform from an input to an output (encrypt or decrypt one stream).
-pub type Transform<'a> = dyn Fn(&mut File, &mut File, &StreamOptions<'_>) -> Result<u64, tpmcrypt_cipher::Error>
+pub type Transform<'a> = dyn Fn(
+        &mut File,
+        &mut (dyn Write + Send),
+        &StreamOptions<'_>,
+    ) -> Result<u64, tpmcrypt_cipher::Error>
     + Sync
     + 'a;
 
@@ -289,7 +293,11 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
                 .with_context(|| format!("creating {}", dest.display()))?;
-            let n = transform(&mut input, out.file(), &stream_opts)?;
+            let n = transform(
+                &mut input,
+                &mut atomic::Writeback::new(out.file()),
+                &stream_opts,
+            )?;
             out.commit()
                 .with_context(|| format!("writing {}", dest.display()))?;
             if opts.in_place {
