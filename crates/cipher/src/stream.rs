@@ -541,6 +541,17 @@ struct Done {
     outcome: Result<(Range<usize>, u64)>,
 }
 
+impl Done {
+    fn of(chunk: Chunk, outcome: Result<(Range<usize>, u64)>) -> Done {
+        Done {
+            index: chunk.index,
+            last: chunk.last,
+            buf: chunk.buf,
+            outcome,
+        }
+    }
+}
+
 fn run_parallel<R: Read, W: Write + Send>(
     direction: Direction,
     backend: &Arc<dyn Backend>,
@@ -575,13 +586,7 @@ fn run_parallel<R: Read, W: Write + Send>(
                 let mut crypter = keys.crypter(backend)?;
                 for mut chunk in job_rx {
                     let outcome = process(direction, &mut crypter, &mut chunk);
-                    let done = Done {
-                        index: chunk.index,
-                        last: chunk.last,
-                        buf: chunk.buf,
-                        outcome,
-                    };
-                    if done_tx.send(done).is_err() {
+                    if done_tx.send(Done::of(chunk, outcome)).is_err() {
                         break;
                     }
                 }
@@ -777,13 +782,7 @@ pub fn run_file<W: Write + Send>(
                         )),
                         Err(e) => Err(Error::Io(e)),
                     };
-                    let done = Done {
-                        index: chunk.index,
-                        last: chunk.last,
-                        buf: chunk.buf,
-                        outcome,
-                    };
-                    if done_tx.send(done).is_err() {
+                    if done_tx.send(Done::of(chunk, outcome)).is_err() {
                         break;
                     }
                 }
