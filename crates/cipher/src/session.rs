@@ -309,16 +309,25 @@ impl Decryptor {
 
     fn unwrap_any(&self, header: &Header) -> Result<SessionKey> {
         // Identities in the order given (explicit ones, e.g. a recovery key,
-        // before TPM keys), each against every stanza.
+        // before TPM keys), each against every stanza. A stanza one identity
+        // cannot open (a TPM that refuses: PCRs changed, PIN, lockout) does
+        // not stop the others; its error is reported only if none succeeds.
+        let mut first_err = None;
         for identity in &self.identities {
             for stanza in &header.stanzas {
-                if let Some(key) = identity.unwrap(stanza)? {
-                    self.unwraps.fetch_add(1, Ordering::Relaxed);
-                    return Ok(key);
+                match identity.unwrap(stanza) {
+                    Ok(Some(key)) => {
+                        self.unwraps.fetch_add(1, Ordering::Relaxed);
+                        return Ok(key);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
         }
-        Err(Error::NoMatchingIdentity)
+        Err(first_err.unwrap_or(Error::NoMatchingIdentity))
     }
 
     /// Decrypts one file: header, then payload.

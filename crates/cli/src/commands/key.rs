@@ -101,7 +101,9 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             if store.exists(&name) {
                 return Err(usage(format!("a key named {name:?} exists already")));
             }
-            let has_pin = if *pin { Some(true) } else { None };
+            // The flag decides: tpm2-tools 5.4 writes emptyAuth inverted, so
+            // the file's own flag cannot be trusted either way.
+            let has_pin = Some(*pin);
             let (blob, meta) = store
                 .import(&name, file, has_pin)
                 .with_context(|| file.display().to_string())?;

@@ -1,0 +1,1167 @@
+//! End-to-end tests of the TPM features of the `tpmcrypt` binary, against
+//! real software TPMs: each test starts its own swtpm (own state, own
+//! ports) and passes `--tpm swtpm:…`, or uses `--simulator` where a
+//! per-command simulator is enough. tpm2-tools and openssl drive the TPM
+//! from outside (PCR extension, lockout parameters, interop, leak checks).
+//!
+//! A missing swtpm, tpm2-tools or openssl makes the tests FAIL, never skip.
+//!
+//! Exit codes: 0 ok, 2 usage, 4 TPM unavailable or refused.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{bytes, recovery, tpmcrypt, Run};
+use serde_json::Value;
+use tempfile::TempDir;
+use tpmcrypt_tpmkey::Simulator;
+
+const OK: i32 = 0;
+const USAGE: i32 = 2;
+const TPM: i32 = 4;
+
+const PIN: &str = "2468";
+
+// ---------------------------------------------------------------- helpers
+
+/// A scratch directory, on tmpfs when there is one: the CLI fsyncs every
+/// output, and a thousand fsyncs on a shared disk take longer than the TPM.
+fn scratch() -> TempDir {
+    let shm = Path::new("/dev/shm");
+    let mut b = tempfile::Builder::new();
+    b.prefix("tpmcrypt-tpm-");
+    if shm.is_dir() {
+        if let Ok(d) = b.tempdir_in(shm) {
+            return d;
+        }
+    }
+    b.tempdir().expect("tempdir")
+}
+
+/// Starts a swtpm with its state in `dir/name` (fails the test without swtpm).
+fn swtpm(dir: &Path, name: &str) -> Simulator {
+    Simulator::start(&dir.join(name))
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
+}
+
+/// The TCTI of a port nobody listens on (probed: connecting is refused).
+fn closed_tcti() -> String {
+    for _ in 0..20 {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let refused = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_err();
+        if port < u16::MAX && refused(port) && refused(port + 1) {
+            return format!("swtpm:host=127.0.0.1,port={port}");
+        }
+    }
+    panic!("no closed loopback port found");
+}
+
+/// Runs `tpmcrypt --tpm TCTI ARGS…` in `dir` with extra environment.
+fn tc_env(dir: &Path, tcti: &str, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut cmd = tpmcrypt(dir);
+    cmd.arg("--tpm").arg(tcti).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("spawn tpmcrypt").into()
+}
+
+/// Runs `tpmcrypt --tpm TCTI ARGS…` in `dir`.
+fn tc(dir: &Path, tcti: &str, args: &[&str]) -> Run {
+    tc_env(dir, tcti, &[], args)
+}
+
+/// Runs `tpmcrypt ARGS…` in `dir` (no TPM selected).
+fn plain(dir: &Path, args: &[&str]) -> Run {
+    common::run(dir, args)
+}
+
+fn stdout(r: &Run) -> String {
+    String::from_utf8_lossy(&r.stdout).into_owned()
+}
+
+fn assert_ok(r: &Run, what: &str) {
+    assert_eq!(
+        r.code,
+        OK,
+        "{what}: expected success, got {}; stdout: {}; stderr: {}",
+        r.code,
+        stdout(r),
+        r.stderr
+    );
+}
+
+/// Asserts exit `code` and exactly one stderr line, starting `error: ` and
+/// containing every needle (case-insensitively).
+fn assert_one_line(r: &Run, code: i32, needles: &[&str], what: &str) {
+    assert_eq!(
+        r.code, code,
+        "{what}: expected exit {code}, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: expected exactly one stderr line, got {:?}",
+        r.stderr
+    );
+    assert!(
+        lines[0].starts_with("error: "),
+        "{what}: stderr {:?} does not start with \"error: \"",
+        lines[0]
+    );
+    let lower = lines[0].to_lowercase();
+    for n in needles {
+        assert!(
+            lower.contains(&n.to_lowercase()),
+            "{what}: stderr {:?} does not mention {n:?}",
+            lines[0]
+        );
+    }
+}
+
+/// Runs a tpm2-tools (or other) command against `sim`, in `dir`; a missing
+/// tool fails the test.
+fn tool(sim: &Simulator, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .env("TPM2TOOLS_TCTI", sim.tcti())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]))
+}
+
+fn tool_ok(sim: &Simulator, dir: &Path, args: &[&str]) -> String {
+    let out = tool(sim, dir, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs openssl in `dir`, asserting success; returns stdout.
+fn openssl(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run openssl: {e}"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The handles `tpm2_getcap` reports as loaded transient objects and
+/// loaded sessions (each "- 0x…" line).
+fn loaded_handles(sim: &Simulator, dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for cap in ["handles-transient", "handles-loaded-session"] {
+        let text = tool_ok(sim, dir, &["tpm2_getcap", cap]);
+        out.extend(
+            text.lines()
+                .filter(|l| l.contains("0x"))
+                .map(|l| format!("{cap}: {}", l.trim())),
+        );
+    }
+    out
+}
+
+fn assert_no_handles(sim: &Simulator, dir: &Path, after: &str) {
+    let h = loaded_handles(sim, dir);
+    assert!(h.is_empty(), "after {after}: the TPM still holds {h:?}");
+}
+
+/// The keystore of the scratch directory (see `common::tpmcrypt`).
+fn keystore(dir: &Path) -> PathBuf {
+    dir.join(".tpmcrypt-home")
+}
+
+/// What `key create` reported.
+struct Created {
+    fingerprint: String,
+    secs: f64,
+}
+
+/// Parses `created key NAME (ALG) in S s on …; fingerprint FP`.
+fn parse_created(r: &Run, name: &str, alg: &str) -> Created {
+    let out = stdout(r);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("created key "))
+        .unwrap_or_else(|| panic!("no 'created key' line in {out:?}"));
+    let prefix = format!("created key {name} ({alg}) in ");
+    let rest = line
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{line:?} does not start with {prefix:?}"));
+    let secs: f64 = rest
+        .split(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no creation time in {line:?}"));
+    let fingerprint = line
+        .rsplit("fingerprint ")
+        .next()
+        .expect("fingerprint")
+        .trim()
+        .to_string();
+    assert_eq!(fingerprint.len(), 32, "{line:?}");
+    assert!(fingerprint.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+    Created { fingerprint, secs }
+}
+
+/// `key create` with options; asserts success and parses the report.
+fn create_key(dir: &Path, tcti: &str, name: &str, alg: &str, opts: &[&str], pin: bool) -> Created {
+    let mut args = vec!["key", "create", name, "--alg", alg];
+    args.extend_from_slice(opts);
+    if pin {
+        args.push("--pin");
+    }
+    let env: &[(&str, &str)] = if pin { &[("TPMCRYPT_PIN", PIN)] } else { &[] };
+    let r = tc_env(dir, tcti, env, &args);
+    assert_ok(&r, &format!("key create {name}"));
+    parse_created(&r, name, alg)
+}
+
+/// `inspect --json FILE`.
+fn inspect(dir: &Path, file: &str) -> Value {
+    let r = plain(dir, &["inspect", "--json", file]);
+    assert_ok(&r, "inspect --json");
+    serde_json::from_slice(&r.stdout).expect("inspect --json prints JSON")
+}
+
+/// `key list --json`, by name.
+fn key_list(dir: &Path) -> Vec<Value> {
+    let r = plain(dir, &["key", "list", "--json"]);
+    assert_ok(&r, "key list --json");
+    let v: Value = serde_json::from_slice(&r.stdout).expect("key list --json prints JSON");
+    v.as_array().expect("a JSON array").clone()
+}
+
+/// The SHA-256 of a PEM public key's DER (SubjectPublicKeyInfo), computed
+/// by openssl; tpmcrypt's fingerprint is its first 16 bytes.
+fn openssl_spki_sha256(dir: &Path, pem: &str) -> String {
+    let der = format!("{pem}.der");
+    openssl(
+        dir,
+        &[
+            "pkey", "-pubin", "-in", pem, "-outform", "DER", "-out", &der,
+        ],
+    );
+    let out = openssl(dir, &["dgst", "-sha256", "-r", &der]);
+    out.split_whitespace().next().expect("digest").to_string()
+}
+
+/// Asserts the `-v` summary of a decrypt.
+fn assert_summary(r: &Run, files: usize, unwraps: u64, unbinds: u64, what: &str) {
+    let want = format!("tpmcrypt: decrypted {files} file(s), ");
+    let tail = format!("0 failed, {unwraps} session key unwrap(s), {unbinds} TPM unbind(s)");
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("tpmcrypt: decrypted "))
+        .unwrap_or_else(|| panic!("{what}: no summary in {:?}", r.stderr));
+    assert!(
+        line.starts_with(&want) && line.ends_with(&tail),
+        "{what}: summary {line:?}, want {want:?} … {tail:?}"
+    );
+}
+
+/// A `tpmcrypt agent` child, killed (by its own pid) if the test ends early.
+struct AgentProc(Option<Child>);
+
+impl AgentProc {
+    fn start(dir: &Path) -> AgentProc {
+        let child = tpmcrypt(dir)
+            .args(["agent", "--ttl", "5m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tpmcrypt agent");
+        let mut agent = AgentProc(Some(child));
+        let sock = dir.join(".tpmcrypt-agent.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            if let Some(status) = agent.child().try_wait().expect("try_wait") {
+                panic!("tpmcrypt agent exited at once: {status}");
+            }
+            assert!(Instant::now() < deadline, "agent socket never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("agent child")
+    }
+
+    /// Waits for the agent to exit by itself; returns whether it succeeded.
+    fn wait_exit(mut self) -> bool {
+        let mut child = self.0.take().expect("agent child");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("tpmcrypt agent did not exit after agent --stop");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- 1. round trips
+
+#[test]
+fn round_trips_for_every_algorithm_and_policy() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let mut report = Vec::new();
+    let mut expected = Vec::new();
+    for (i, alg) in ["rsa2048", "ecc-p256"].into_iter().enumerate() {
+        for (j, (policy, pcrs, pin)) in [
+            ("plain", false, false),
+            ("pcr", true, false),
+            ("pin", false, true),
+            ("pcr-pin", true, true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("{alg}-{policy}");
+            let opts: &[&str] = if pcrs { &["--pcrs", "sha256:0,7"] } else { &[] };
+            let created = create_key(d, &t, &name, alg, opts, pin);
+            assert_no_handles(&sim, d, &format!("key create {name}"));
+
+            let plaintext = bytes(1000 + 4096 * j + i, (10 * i + j) as u64 + 1);
+            let src = format!("{name}.txt");
+            let ct = format!("{name}.tpmc");
+            fs::write(d.join(&src), &plaintext).unwrap();
+            assert_ok(
+                &plain(d, &["encrypt", "--key", &name, "-o", &ct, &src]),
+                &format!("encrypt --key {name}"),
+            );
+            let info = inspect(d, &ct);
+            let recips = info["recipients"].as_array().expect("recipients");
+            assert_eq!(recips.len(), 1, "{name}: {info}");
+            let kind = if alg == "rsa2048" {
+                "tpm-rsa2048"
+            } else {
+                "tpm-p256"
+            };
+            assert_eq!(recips[0]["kind"], kind, "{name}");
+            assert_eq!(recips[0]["fingerprint"], created.fingerprint.as_str());
+
+            let env: &[(&str, &str)] = if pin { &[("TPMCRYPT_PIN", PIN)] } else { &[] };
+            let out = format!("{name}.out");
+            let start = Instant::now();
+            let r = tc_env(d, &t, env, &["decrypt", "-v", "-o", &out, &ct]);
+            let took = start.elapsed();
+            assert_ok(&r, &format!("decrypt {name}"));
+            // Only the addressed key touches the TPM, once.
+            assert_summary(&r, 1, 1, 1, &format!("decrypt {name}"));
+            assert_eq!(
+                fs::read(d.join(&out)).unwrap(),
+                plaintext,
+                "{name}: round trip"
+            );
+            assert_no_handles(&sim, d, &format!("decrypt {name}"));
+            report.push(format!(
+                "{name:<17} create {:>6.3} s, decrypt command {:>6.3} s",
+                created.secs,
+                took.as_secs_f64()
+            ));
+            expected.push((name, alg, pcrs, pin, created.fingerprint));
+        }
+    }
+
+    // key list --json, key show and key export agree with key create.
+    let list = key_list(d);
+    let names: Vec<&str> = list.iter().map(|k| k["name"].as_str().unwrap()).collect();
+    let mut want: Vec<&str> = expected.iter().map(|e| e.0.as_str()).collect();
+    want.sort();
+    assert_eq!(names, want, "key list --json names");
+    for (name, alg, pcrs, pin, fp) in &expected {
+        let k = list.iter().find(|k| k["name"] == name.as_str()).unwrap();
+        assert_eq!(k["alg"], *alg, "{name}");
+        assert_eq!(k["fingerprint"], fp.as_str(), "{name}");
+        assert_eq!(
+            k["pcrs"],
+            if *pcrs {
+                Value::from("sha256:0,7")
+            } else {
+                Value::Null
+            },
+            "{name}"
+        );
+        assert_eq!(k["pin"], *pin, "{name}");
+        assert_eq!(k["simulator"], true, "{name}: swtpm is a simulator");
+        assert_eq!(k["recovery"], Value::Array(vec![]), "{name}");
+
+        let r = plain(d, &["key", "show", name]);
+        assert_ok(&r, "key show");
+        let show = stdout(&r);
+        let field = |f: &str| -> String {
+            show.lines()
+                .find_map(|l| l.strip_prefix(&format!("{f}:")))
+                .unwrap_or_else(|| panic!("key show {name}: no {f} in {show}"))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(field("name"), *name);
+        assert_eq!(field("algorithm"), *alg);
+        assert_eq!(field("fingerprint"), *fp);
+        assert_eq!(field("pcrs"), if *pcrs { "sha256:0,7" } else { "none" });
+        assert_eq!(field("pin"), if *pin { "yes" } else { "no" });
+        assert!(field("simulator").starts_with("yes"), "{show}");
+
+        let r = plain(d, &["key", "export", name]);
+        assert_ok(&r, "key export");
+        let pem = stdout(&r);
+        assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----"), "{pem}");
+        assert_eq!(
+            pem,
+            fs::read_to_string(keystore(d).join(format!("{name}.pub.pem"))).unwrap(),
+            "{name}: export = NAME.pub.pem"
+        );
+        let file = format!("{name}.export.pem");
+        fs::write(d.join(&file), &pem).unwrap();
+        let text = openssl(d, &["pkey", "-pubin", "-in", &file, "-noout", "-text_pub"]);
+        if *alg == "rsa2048" {
+            assert!(text.contains("Public-Key: (2048 bit)"), "{name}: {text}");
+        } else {
+            assert!(
+                text.contains("prime256v1") || text.contains("P-256"),
+                "{name}: {text}"
+            );
+        }
+        let digest = openssl_spki_sha256(d, &file);
+        assert_eq!(
+            &digest[..32],
+            fp,
+            "{name}: fingerprint = SHA-256(SPKI)[..16]"
+        );
+    }
+    eprintln!("TPM round trips (swtpm):\n  {}", report.join("\n  "));
+}
+
+// ---------------------------------------------------------------- 2. unbind count
+
+#[test]
+fn one_tpm_unbind_per_session_and_the_agent() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", "ecc-p256", &[], false);
+
+    // 1,000 files, one encrypt, one decrypt: one TPM unbind.
+    let bulk = d.join("bulk");
+    fs::create_dir(&bulk).unwrap();
+    for i in 0..1000 {
+        fs::write(
+            bulk.join(format!("f{i:04}")),
+            bytes(i % 97 + 1, i as u64 + 7),
+        )
+        .unwrap();
+    }
+    let start = Instant::now();
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "k", "--in-place", "-r", "bulk"]),
+        "encrypt 1000",
+    );
+    let enc_secs = start.elapsed().as_secs_f64();
+    let cts = common::listing(&bulk);
+    assert_eq!(cts.len(), 1000);
+    assert!(cts.iter().all(|n| n.ends_with(".tpmc")), "{:?}", &cts[..3]);
+    let start = Instant::now();
+    let r = tc(d, &t, &["decrypt", "-v", "--in-place", "-r", "bulk"]);
+    let dec_secs = start.elapsed().as_secs_f64();
+    assert_ok(&r, "decrypt 1000");
+    assert_summary(&r, 1000, 1, 1, "decrypt 1000 files");
+    for i in 0..1000 {
+        assert_eq!(
+            fs::read(bulk.join(format!("f{i:04}"))).unwrap(),
+            bytes(i % 97 + 1, i as u64 + 7),
+            "file {i}"
+        );
+    }
+    assert_no_handles(&sim, d, "decrypt 1000");
+
+    // Ten files of one session, decrypted one command at a time through the
+    // agent: the first command unbinds, the others ask the agent.
+    let ten = d.join("ten");
+    fs::create_dir(&ten).unwrap();
+    for i in 0..10 {
+        fs::write(ten.join(format!("g{i}")), bytes(100 + i, i as u64 + 99)).unwrap();
+    }
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "k", "-r", "ten"]),
+        "encrypt 10",
+    );
+    let agent = AgentProc::start(d);
+    let decrypt_one = |i: usize| -> Run {
+        let r = tc(
+            d,
+            &t,
+            &["decrypt", "-v", "-o", "-", &format!("ten/g{i}.tpmc")],
+        );
+        assert_ok(&r, &format!("decrypt g{i}"));
+        assert_eq!(r.stdout, bytes(100 + i, i as u64 + 99), "g{i}");
+        r
+    };
+    let mut agent_secs = Vec::new();
+    for i in 0..10 {
+        let start = Instant::now();
+        let r = decrypt_one(i);
+        agent_secs.push(start.elapsed().as_secs_f64());
+        if i == 0 {
+            assert_summary(&r, 1, 1, 1, "first decrypt with the agent");
+        } else {
+            assert_summary(&r, 1, 0, 0, &format!("decrypt {i} with the agent"));
+        }
+    }
+    let r = plain(d, &["agent", "--stop"]);
+    assert_ok(&r, "agent --stop");
+    assert!(
+        agent.wait_exit(),
+        "the agent exits with success when stopped"
+    );
+    // Keys are gone with the agent: the TPM is needed again.
+    let r = decrypt_one(5);
+    assert_summary(&r, 1, 1, 1, "decrypt after agent --stop");
+    assert_no_handles(&sim, d, "decrypts with and without the agent");
+    eprintln!(
+        "1000 files: encrypt {enc_secs:.2} s, decrypt {dec_secs:.2} s (1 TPM unbind); \
+         agent-assisted decrypt commands: first {:.3} s, next ones {:.3}-{:.3} s",
+        agent_secs[0],
+        agent_secs[1..].iter().cloned().fold(f64::MAX, f64::min),
+        agent_secs[1..].iter().cloned().fold(0.0, f64::max)
+    );
+}
+
+// ---------------------------------------------------------------- 3. PCR policy
+
+#[test]
+fn pcr_extended_after_creation_refuses_only_keys_bound_to_it() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "boot", "ecc-p256", &["--pcrs", "sha256:0,7"], false);
+    create_key(d, &t, "bootrsa", "rsa2048", &["--pcrs", "sha256:7"], false);
+    create_key(
+        d,
+        &t,
+        "other",
+        "ecc-p256",
+        &["--pcrs", "sha256:0,16"],
+        false,
+    );
+    for k in ["boot", "bootrsa", "other"] {
+        fs::write(d.join(k), bytes(3000, k.len() as u64)).unwrap();
+        assert_ok(&plain(d, &["encrypt", "--key", k, k]), "encrypt");
+    }
+    // Before the change every key works.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "boot.tpmc"]);
+    assert_ok(&r, "decrypt before the PCR change");
+
+    // No tpmcrypt command is connected now (swtpm serves one at a time).
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_pcrextend",
+            "7:sha256=00000000000000000000000000000000000000000000000000000000000000aa",
+        ],
+    );
+    for (k, pcrs) in [("boot", "sha256:0,7"), ("bootrsa", "sha256:7")] {
+        let r = tc(d, &t, &["decrypt", "-o", "-", &format!("{k}.tpmc")]);
+        assert_one_line(
+            &r,
+            TPM,
+            &["PCR", pcrs],
+            &format!("decrypt {k} after extend"),
+        );
+        assert!(
+            r.stderr.starts_with(&format!("error: {k}.tpmc: ")),
+            "{}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty(), "{k}: no plaintext on failure");
+        assert_no_handles(&sim, d, &format!("PCR failure of {k}"));
+    }
+    // A key bound to PCRs that did not change still works.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "other.tpmc"]);
+    assert_ok(&r, "decrypt a key bound to unchanged PCRs");
+    assert_eq!(r.stdout, bytes(3000, 5));
+    assert_no_handles(&sim, d, "decrypt other");
+}
+
+// ---------------------------------------------------------------- 4. PIN and lockout
+
+#[test]
+fn wrong_pin_then_dictionary_attack_lockout() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_dictionarylockout",
+            "--setup-parameters",
+            "--max-tries=3",
+            "--recovery-time=600",
+            "--lockout-recovery-time=600",
+        ],
+    );
+    create_key(d, &t, "pinned", "ecc-p256", &[], true);
+    create_key(d, &t, "open", "ecc-p256", &[], false);
+    fs::write(d.join("a"), b"PIN-protected").unwrap();
+    fs::write(d.join("b"), b"no PIN").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "pinned", "a"]), "encrypt a");
+    assert_ok(&plain(d, &["encrypt", "--key", "open", "b"]), "encrypt b");
+
+    let attempt = |pin: &str| {
+        tc_env(
+            d,
+            &t,
+            &[("TPMCRYPT_PIN", pin)],
+            &["decrypt", "-o", "-", "a.tpmc"],
+        )
+    };
+    let r = attempt("1111");
+    assert_one_line(
+        &r,
+        TPM,
+        &["a.tpmc", "wrong PIN for this key"],
+        "first wrong PIN",
+    );
+    assert_no_handles(&sim, d, "wrong PIN");
+
+    // max-tries=3: the third failure exhausts the budget; from then on the
+    // TPM answers with lockout, even to the right PIN.
+    let mut wrong = 1;
+    let lockout = loop {
+        let r = attempt("1111");
+        if r.stderr.contains("is in dictionary-attack lockout") {
+            break r;
+        }
+        assert_one_line(
+            &r,
+            TPM,
+            &["wrong PIN for this key"],
+            &format!("wrong PIN #{}", wrong + 1),
+        );
+        wrong += 1;
+        assert!(
+            wrong <= 3,
+            "no lockout after {wrong} wrong PINs (max-tries=3)"
+        );
+    };
+    assert_eq!(wrong, 3, "lockout after exactly max-tries wrong PINs");
+    assert_one_line(
+        &lockout,
+        TPM,
+        &["a.tpmc", "is in dictionary-attack lockout", "600 seconds"],
+        "lockout",
+    );
+    assert_no_handles(&sim, d, "lockout");
+    let r = attempt(PIN);
+    assert_one_line(
+        &r,
+        TPM,
+        &["is in dictionary-attack lockout"],
+        "right PIN during lockout",
+    );
+    assert!(r.stdout.is_empty());
+    // Keys without a PIN are not subject to dictionary-attack protection.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "b.tpmc"]);
+    assert_ok(&r, "no-PIN key during lockout");
+    assert_eq!(r.stdout, b"no PIN");
+    assert_no_handles(&sim, d, "decrypt during lockout");
+}
+
+// ---------------------------------------------------------------- 5. TPM absent
+
+#[test]
+fn absent_tpm_is_exit_4_and_names_the_simulator() {
+    let dir = scratch();
+    let d = dir.path();
+    let closed = closed_tcti();
+    for tcti in [closed.as_str(), "device:/nonexistent"] {
+        let r = tc(d, tcti, &["key", "create", "k"]);
+        assert_one_line(
+            &r,
+            TPM,
+            &["--simulator"],
+            &format!("key create --tpm {tcti}"),
+        );
+        // Also through the environment.
+        let mut cmd = tpmcrypt(d);
+        cmd.env("TPMCRYPT_TCTI", tcti).args(["key", "create", "k"]);
+        let r: Run = cmd.output().expect("spawn").into();
+        assert_one_line(&r, TPM, &["--simulator"], &format!("TPMCRYPT_TCTI={tcti}"));
+    }
+    assert!(key_list(d).is_empty(), "a failed create leaves no key");
+
+    // Decrypting a file for a keystore key without its TPM.
+    let sim = swtpm(d, "swtpm");
+    create_key(d, &sim.tcti(), "k", "ecc-p256", &[], false);
+    drop(sim);
+    fs::write(d.join("f"), b"x").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    for tcti in [closed.as_str(), "device:/nonexistent"] {
+        let r = tc(d, tcti, &["decrypt", "-o", "-", "f.tpmc"]);
+        assert_one_line(
+            &r,
+            TPM,
+            &["f.tpmc", "--simulator"],
+            &format!("decrypt --tpm {tcti}"),
+        );
+    }
+}
+
+// ---------------------------------------------------------------- 6. other TPM
+
+#[test]
+fn key_from_another_tpm_is_refused() {
+    let dir = scratch();
+    let d = dir.path();
+    let a = swtpm(d, "swtpm-a");
+    let b = swtpm(d, "swtpm-b");
+    create_key(d, &a.tcti(), "k", "ecc-p256", &[], false);
+    create_key(d, &a.tcti(), "r", "rsa2048", &[], true);
+    for k in ["k", "r"] {
+        fs::write(d.join(k), bytes(500, 3)).unwrap();
+        assert_ok(&plain(d, &["encrypt", "--key", k, k]), "encrypt");
+        let r = tc_env(
+            d,
+            &b.tcti(),
+            &[("TPMCRYPT_PIN", PIN)],
+            &["decrypt", "-o", "-", &format!("{k}.tpmc")],
+        );
+        assert_one_line(&r, TPM, &["different TPM"], &format!("{k} on another TPM"));
+        assert_no_handles(&b, d, "decrypt on the wrong TPM");
+        let r = tc_env(
+            d,
+            &a.tcti(),
+            &[("TPMCRYPT_PIN", PIN)],
+            &["decrypt", "-o", "-", &format!("{k}.tpmc")],
+        );
+        assert_ok(&r, "decrypt on its own TPM");
+        assert_eq!(r.stdout, bytes(500, 3));
+    }
+    assert_no_handles(&a, d, "decrypt on its own TPM");
+}
+
+// ---------------------------------------------------------------- 7. recovery
+
+#[test]
+fn recovery_recipient_decrypts_without_any_tpm() {
+    let dir = scratch();
+    let d = dir.path();
+    let recipient = recovery(d, "recovery.key");
+    let sim = swtpm(d, "swtpm");
+    let r = tc(
+        d,
+        &sim.tcti(),
+        &["key", "create", "k", "--recovery", &recipient],
+    );
+    assert_ok(&r, "key create --recovery");
+    assert!(
+        !r.stderr.contains("hint:"),
+        "no recovery hint: {}",
+        r.stderr
+    );
+    let created = parse_created(&r, "k", "ecc-p256");
+    drop(sim);
+    let list = key_list(d);
+    assert_eq!(list[0]["recovery"], Value::from(vec![recipient.clone()]));
+
+    let closed = closed_tcti();
+    let data = bytes(70_000, 17);
+    fs::write(d.join("doc"), &data).unwrap();
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &closed)
+        .args(["encrypt", "--key", "k", "doc"]);
+    let r: Run = cmd.output().expect("spawn").into();
+    assert_ok(&r, "encrypt --key k without a TPM");
+
+    let info = inspect(d, "doc.tpmc");
+    let recips = info["recipients"].as_array().expect("recipients");
+    assert_eq!(recips.len(), 2, "{info}");
+    let kinds: BTreeSet<&str> = recips.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["recovery-p256", "tpm-p256"]),
+        "{info}"
+    );
+    let tpm_fp = recips.iter().find(|r| r["kind"] == "tpm-p256").unwrap();
+    assert_eq!(tpm_fp["fingerprint"], created.fingerprint.as_str());
+
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &closed).args([
+        "decrypt",
+        "-v",
+        "-i",
+        "recovery.key",
+        "-o",
+        "doc.out",
+        "doc.tpmc",
+    ]);
+    let r: Run = cmd.output().expect("spawn").into();
+    assert_ok(&r, "decrypt -i recovery.key with no TPM reachable");
+    assert_summary(&r, 1, 1, 0, "recovery decrypt");
+    assert_eq!(fs::read(d.join("doc.out")).unwrap(), data);
+    // Without the recovery identity the TPM is needed, and absent.
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &closed)
+        .args(["decrypt", "-o", "-", "doc.tpmc"]);
+    let r: Run = cmd.output().expect("spawn").into();
+    assert_one_line(
+        &r,
+        TPM,
+        &["--simulator"],
+        "decrypt without recovery, no TPM",
+    );
+}
+
+// ---------------------------------------------------------------- 8. interop
+
+#[test]
+fn tpm2_tools_interoperate_both_ways() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let srk_attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt";
+    let flush = || {
+        tool_ok(&sim, d, &["tpm2_flushcontext", "-t"]);
+        tool_ok(&sim, d, &["tpm2_flushcontext", "-l"]);
+        tool_ok(&sim, d, &["tpm2_flushcontext", "-s"]);
+    };
+
+    // tpm2-tools → tpmcrypt.
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_createprimary",
+            "-C",
+            "o",
+            "-g",
+            "sha256",
+            "-G",
+            "ecc",
+            "-a",
+            srk_attrs,
+            "-c",
+            "p.ctx",
+        ],
+    );
+    // Positive control for the leak checks: tpm2-tools without a resource
+    // manager leaves the primary loaded, and tpm2_getcap sees it.
+    let h = loaded_handles(&sim, d);
+    assert!(
+        h.iter().any(|l| l.contains("0x80")),
+        "tpm2_getcap shows the primary tpm2_createprimary left: {h:?}"
+    );
+    flush();
+    assert_no_handles(&sim, d, "tpm2_flushcontext");
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_create",
+            "-C",
+            "p.ctx",
+            "-G",
+            "rsa2048:oaep",
+            "-a",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|decrypt",
+            "-u",
+            "k.pub",
+            "-r",
+            "k.priv",
+        ],
+    );
+    flush();
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_encodeobject",
+            "-C",
+            "p.ctx",
+            "-u",
+            "k.pub",
+            "-r",
+            "k.priv",
+            "-o",
+            "tools.pem",
+        ],
+    );
+    flush();
+    let r = plain(d, &["key", "import", "tools.pem"]);
+    assert_ok(&r, "key import");
+    let out = stdout(&r);
+    assert!(
+        out.starts_with("imported tools (rsa2048), fingerprint "),
+        "{out}"
+    );
+    let list = key_list(d);
+    assert_eq!(list[0]["name"], "tools");
+    assert_eq!(list[0]["pin"], false, "a key made without -p needs no PIN");
+    fs::write(d.join("m"), bytes(12_345, 8)).unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "tools", "m"]),
+        "encrypt to the imported key",
+    );
+    let r = tc(d, &t, &["decrypt", "-v", "-o", "-", "m.tpmc"]);
+    assert_ok(&r, "decrypt with the tpm2-tools key");
+    assert_summary(&r, 1, 1, 1, "decrypt with the tpm2-tools key");
+    assert_eq!(r.stdout, bytes(12_345, 8));
+    assert_no_handles(&sim, d, "decrypt with the imported key");
+
+    // tpmcrypt → tpm2-tools.
+    create_key(d, &t, "ours", "rsa2048", &[], false);
+    let ks = keystore(d);
+    let key_pem = ks.join("ours.key.pem");
+    let pub_pem = ks.join("ours.pub.pem");
+    assert!(fs::read_to_string(&key_pem)
+        .unwrap()
+        .starts_with("-----BEGIN TSS2 PRIVATE KEY-----"));
+    let secret = bytes(32, 4242);
+    fs::write(d.join("secret.bin"), &secret).unwrap();
+    openssl(
+        d,
+        &[
+            "pkeyutl",
+            "-encrypt",
+            "-pubin",
+            "-inkey",
+            pub_pem.to_str().unwrap(),
+            "-pkeyopt",
+            "rsa_padding_mode:oaep",
+            "-pkeyopt",
+            "rsa_oaep_md:sha256",
+            "-pkeyopt",
+            "rsa_mgf1_md:sha256",
+            "-in",
+            "secret.bin",
+            "-out",
+            "ct.bin",
+        ],
+    );
+    assert_eq!(fs::metadata(d.join("ct.bin")).unwrap().len(), 256);
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_load",
+            "-r",
+            key_pem.to_str().unwrap(),
+            "-c",
+            "ours.ctx",
+        ],
+    );
+    flush();
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_rsadecrypt",
+            "-c",
+            "ours.ctx",
+            "-s",
+            "oaep",
+            "-o",
+            "pt.bin",
+            "ct.bin",
+        ],
+    );
+    flush();
+    assert_eq!(
+        fs::read(d.join("pt.bin")).unwrap(),
+        secret,
+        "tpm2_rsadecrypt"
+    );
+}
+
+// ---------------------------------------------------------------- 10. encrypt needs no TPM
+
+#[test]
+fn encrypt_never_touches_the_tpm() {
+    let dir = scratch();
+    let d = dir.path();
+    let state = "swtpm";
+    let sim = swtpm(d, state);
+    create_key(
+        d,
+        &sim.tcti(),
+        "k",
+        "ecc-p256",
+        &["--pcrs", "sha256:0,7"],
+        true,
+    );
+    create_key(d, &sim.tcti(), "r", "rsa2048", &[], false);
+    drop(sim); // no TPM anywhere from here on
+    let closed = closed_tcti();
+    fs::write(d.join("x"), bytes(5000, 1)).unwrap();
+    fs::write(d.join("y"), bytes(6000, 2)).unwrap();
+    // Neither a TPM nor the PIN is needed to encrypt (stdin is not a terminal).
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &closed)
+        .args(["encrypt", "--key", "k", "--key", "r", "x"]);
+    let r: Run = cmd.output().expect("spawn").into();
+    assert_ok(&r, "encrypt with TPMCRYPT_TCTI at a closed port");
+    assert!(r.stderr.is_empty(), "encrypt is silent: {}", r.stderr);
+    let r = tc(d, "device:/nonexistent", &["encrypt", "--key", "k", "y"]);
+    assert_ok(&r, "encrypt with --tpm device:/nonexistent");
+    assert_eq!(
+        inspect(d, "x.tpmc")["recipients"].as_array().unwrap().len(),
+        2
+    );
+
+    // The same TPM again (same state, new ports): the files decrypt.
+    let sim = swtpm(d, state);
+    let r = tc_env(
+        d,
+        &sim.tcti(),
+        &[("TPMCRYPT_PIN", PIN)],
+        &["decrypt", "-v", "-o", "-", "y.tpmc"],
+    );
+    assert_ok(&r, "decrypt y after the TPM restarted");
+    assert_summary(&r, 1, 1, 1, "decrypt y");
+    assert_eq!(r.stdout, bytes(6000, 2));
+    let r = tc_env(
+        d,
+        &sim.tcti(),
+        &[("TPMCRYPT_PIN", PIN)],
+        &["decrypt", "-v", "-o", "-", "x.tpmc"],
+    );
+    assert_ok(&r, "decrypt x (two TPM recipients) after the TPM restarted");
+    assert_summary(&r, 1, 1, 1, "decrypt x");
+    assert_eq!(r.stdout, bytes(5000, 1));
+}
+
+// ---------------------------------------------------------------- 11. delete
+
+#[test]
+fn key_delete_needs_yes_without_a_terminal() {
+    let dir = scratch();
+    let d = dir.path();
+    // A per-command private simulator is enough here.
+    let r = plain(d, &["--simulator", "key", "create", "k"]);
+    assert_ok(&r, "key create --simulator");
+    assert!(r.stderr.contains("NOT secure"), "{}", r.stderr);
+    fs::write(d.join("f"), b"simulated").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    let r = plain(d, &["--simulator", "decrypt", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt --simulator (state kept between commands)");
+    assert_eq!(r.stdout, b"simulated");
+
+    let ks = keystore(d);
+    let files = ["k.key.pem", "k.pub.pem", "k.json"];
+    let r = plain(d, &["key", "delete", "k"]);
+    assert_eq!(r.code, USAGE, "delete without --yes: {}", r.stderr);
+    assert!(r.stderr.contains("--yes"), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    for f in files {
+        assert!(ks.join(f).exists(), "{f} kept");
+    }
+    assert_eq!(key_list(d).len(), 1);
+
+    let r = plain(d, &["key", "delete", "k", "--yes"]);
+    assert_ok(&r, "delete --yes");
+    for f in files {
+        assert!(!ks.join(f).exists(), "{f} removed");
+    }
+    assert!(key_list(d).is_empty());
+    let r = plain(d, &["--simulator", "decrypt", "-o", "-", "f.tpmc"]);
+    assert_ne!(r.code, OK, "no key, no plaintext");
+    assert!(r.stdout.is_empty());
+    let r = plain(d, &["key", "delete", "k", "--yes"]);
+    assert_eq!(r.code, USAGE, "deleting a missing key: {}", r.stderr);
+}
+
+// ---------------------------------------------------------------- fallback
+
+/// A keystore key the TPM refuses (PCRs changed) or that would need a PIN
+/// nobody can give must not hide another keystore key the file is also
+/// encrypted to.
+#[test]
+fn a_refused_key_does_not_block_another_recipient() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    // Keys are tried in name order: the troublesome ones come first.
+    create_key(d, &t, "a-boot", "ecc-p256", &["--pcrs", "sha256:7"], false);
+    create_key(d, &t, "b-pin", "ecc-p256", &[], true);
+    create_key(d, &t, "z-plain", "ecc-p256", &[], false);
+    fs::write(d.join("p"), bytes(2000, 21)).unwrap();
+    fs::write(d.join("q"), bytes(2100, 22)).unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "a-boot", "--key", "z-plain", "p"]),
+        "encrypt p",
+    );
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "b-pin", "--key", "z-plain", "q"]),
+        "encrypt q",
+    );
+    tool_ok(
+        &sim,
+        d,
+        &[
+            "tpm2_pcrextend",
+            "7:sha256=00000000000000000000000000000000000000000000000000000000000000bb",
+        ],
+    );
+    let r = tc(d, &t, &["decrypt", "-o", "-", "p.tpmc"]);
+    assert_ok(&r, "PCR-bound key refused, the other key opens p");
+    assert_eq!(r.stdout, bytes(2000, 21));
+    // No TPMCRYPT_PIN and no terminal: the key without a PIN opens q.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "q.tpmc"]);
+    assert_ok(&r, "PIN unavailable, the other key opens q");
+    assert_eq!(r.stdout, bytes(2100, 22));
+    assert_no_handles(&sim, d, "fallback decrypts");
+    // With only the refused key, its own error is reported.
+    assert_ok(&plain(d, &["key", "delete", "z-plain", "--yes"]), "delete");
+    let r = tc(d, &t, &["decrypt", "-o", "-", "p.tpmc"]);
+    assert_one_line(&r, TPM, &["p.tpmc", "PCR"], "only the refused key left");
+}
