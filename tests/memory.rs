@@ -46,7 +46,10 @@ fn four_gib_streams_in_bounded_memory() {
     assert!(enc_status.success(), "encrypt failed");
     let stderr = String::from_utf8_lossy(&dec_out.stderr);
     assert!(dec_out.status.success(), "decrypt failed: {stderr}");
-    assert!(stderr.contains(&format!("{} bytes", 4u64 << 30)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{} bytes", 4u64 << 30)),
+        "{stderr}"
+    );
 
     let rss = max_child_rss_kib();
     eprintln!("largest child max RSS: {} KiB for a 4 GiB stream", rss);

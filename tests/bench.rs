@@ -1,0 +1,236 @@
+//! `tpmcrypt bench` end to end: the real binary, `--quick --simulator`
+//! (swtpm must be installed: without it these tests fail, by design).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tpmcrypt")
+}
+
+fn schema() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench.schema.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("docs/bench.schema.json is JSON")
+}
+
+fn validate(doc: &Value) {
+    let schema = schema();
+    let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(doc)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "JSON does not match its schema:\n{}",
+        errors.join("\n")
+    );
+}
+
+fn cpu_has_aes() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|t| {
+            t.lines()
+                .filter(|l| l.starts_with("flags"))
+                .any(|l| l.split_whitespace().any(|f| f == "aes"))
+        })
+        .unwrap_or(false)
+}
+
+fn series<'a>(doc: &'a Value, id: &str) -> &'a Value {
+    doc["bulk"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["id"] == id))
+        .unwrap_or_else(|| panic!("series {id} missing"))
+}
+
+/// Sum over all sizes of the fastest sample: the least disturbed by other
+/// load on the machine.
+fn sum_of_min(s: &Value) -> f64 {
+    s["points"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["min_ms"].as_f64()).sum())
+        .unwrap_or_else(|| panic!("no points in {}", s["id"]))
+}
+
+/// The benches time things: one at a time, or they slow each other down.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn quick_run_on_the_simulator() {
+    let _serial = serial();
+    assert!(
+        Command::new("swtpm").arg("--version").output().is_ok(),
+        "swtpm is not installed: this test needs it (apt-get install swtpm)"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bench.json");
+    let csv = dir.path().join("bench.csv");
+    let svg = dir.path().join("bench.svg");
+    let repeat = 2u64;
+    let t = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "bench",
+            "--quick",
+            "--simulator",
+            "--repeat",
+            &repeat.to_string(),
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&svg)
+        .env_remove("TPMCRYPT_TCTI")
+        .output()
+        .expect("run tpmcrypt bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("bench --quick took {:?}", t.elapsed());
+    assert!(out.status.success(), "bench failed: {:?}", out.status);
+
+    // The JSON matches its schema.
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+        .expect("valid JSON");
+    validate(&doc);
+
+    // The TPM part ran on the simulator, and every unbind the bench
+    // performed is one the Tpm counted.
+    let tpm = &doc["tpm"];
+    assert_eq!(tpm["available"], true, "TPM part: {}", tpm["reason"]);
+    assert_eq!(tpm["is_simulator"], true);
+    assert_eq!(tpm["source"], "simulator");
+    assert_eq!(tpm["unbinds_performed"].as_u64(), Some(repeat * 2));
+    assert_eq!(tpm["unbind_count"].as_u64(), Some(repeat * 2));
+    assert_eq!(tpm["ops"].as_array().map(Vec::len), Some(4));
+    assert!(
+        stdout.contains("SIMULATOR"),
+        "the table must say it is a simulator"
+    );
+
+    // Software AES is slower than AES-NI (a ratio inside this run).
+    if cpu_has_aes() {
+        // Decryption: AES-NI pipelines CBC decryption and GCM, so the gap is
+        // wide (10× or more) and survives a busy machine.
+        for mode in ["cbc-raw", "gcm"] {
+            let hw = sum_of_min(series(&doc, &format!("hardware/openssl/{mode}/decrypt")));
+            let sw = sum_of_min(series(&doc, &format!("software/openssl/{mode}/decrypt")));
+            assert!(
+                sw > 2.0 * hw,
+                "{mode}: software AES ({sw} ms) not clearly slower than AES-NI ({hw} ms)"
+            );
+        }
+        assert_eq!(doc["software_aes"]["mask_verified"], true);
+    } else {
+        eprintln!("/proc/cpuinfo has no 'aes' flag: skipping the hardware-vs-software check");
+    }
+
+    // Split and crossover exist for the measured unbind.
+    assert!(doc["split"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|r| r["unbind_source"] == "measured-rsa2048")));
+
+    // The plot is a non-empty SVG document.
+    let text = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(!text.is_empty());
+    let xml = roxmltree::Document::parse(&text).expect("the SVG parses as XML");
+    assert_eq!(xml.root_element().tag_name().name(), "svg");
+
+    // CSV: a header and rows of the same width.
+    let csv = std::fs::read_to_string(&csv).expect("csv written");
+    let mut lines = csv.lines();
+    let width = lines.next().expect("header").split(',').count();
+    assert!(lines.clone().count() > 10);
+    for l in lines {
+        assert_eq!(l.split(',').count(), width, "ragged CSV line: {l}");
+    }
+}
+
+#[test]
+fn unreachable_tpm_is_reported_and_the_rest_still_runs() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bench.json");
+    let png = dir.path().join("bench.png");
+    let out = Command::new(bin())
+        .args([
+            "bench",
+            "--tpm",
+            "swtpm:host=127.0.0.1,port=1",
+            "--sizes",
+            "16K,64K",
+            "--repeat",
+            "1",
+            "--no-matrix",
+            "--no-peers",
+            "--chip",
+            "typical",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(&png)
+        .env_remove("TPMCRYPT_SIMULATOR")
+        .output()
+        .expect("run tpmcrypt bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "an explicit TPM that fails exits 4"
+    );
+    assert!(stdout.contains("TPM unavailable"));
+    assert!(stdout.contains("PROJECTION"));
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+        .expect("valid JSON");
+    validate(&doc);
+    assert_eq!(doc["tpm"]["available"], false);
+    assert_eq!(doc["tpm"]["unbind_count"], 0);
+    assert!(doc["bulk"].as_array().is_some_and(|a| !a.is_empty()));
+    assert!(doc["split"]
+        .as_array()
+        .is_some_and(|a| a.iter().all(|r| r["projection"] == true) && !a.is_empty()));
+    let png = std::fs::read(&png).expect("plot written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+}
+
+#[test]
+fn simulator_from_the_environment() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bench.json");
+    let out = Command::new(bin())
+        .args([
+            "bench",
+            "--sizes",
+            "16K,32K",
+            "--repeat",
+            "1",
+            "--no-matrix",
+            "--no-peers",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .env("TPMCRYPT_SIMULATOR", "1")
+        .env_remove("TPMCRYPT_TCTI")
+        .output()
+        .expect("run tpmcrypt bench");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "bench failed: {:?}", out.status);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+        .expect("valid JSON");
+    validate(&doc);
+    assert_eq!(doc["tpm"]["source"], "simulator");
+    assert_eq!(doc["tpm"]["unbinds_performed"], 2);
+    assert_eq!(doc["tpm"]["unbind_count"], 2);
+}
