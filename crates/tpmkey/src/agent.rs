@@ -190,6 +190,11 @@ impl Agent {
     /// Binds the socket at `path` (creating its directory 0700, the socket
     /// 0600). Refuses if another agent answers there; removes a stale socket.
     pub fn bind(path: &Path, ttl: Duration) -> Result<Agent> {
+        // A directory we create is 0700; the socket is made 0600 right after
+        // bind (until then it has the umask's mode, which with any usual
+        // umask denies others the write permission that connect needs), and
+        // every peer's uid is checked. The umask is left alone: changing it
+        // would race with other threads creating files.
         if let Some(dir) = path.parent() {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -206,12 +211,7 @@ impl Agent {
             }
             fs::remove_file(path).map_err(|e| io_err(path, e))?;
         }
-        // SAFETY: umask cannot fail; restored right after bind so the socket
-        // is never group/world accessible, not even briefly.
-        let old = unsafe { libc::umask(0o177) };
         let bound = UnixListener::bind(path);
-        // SAFETY: as above.
-        unsafe { libc::umask(old) };
         let listener = bound.map_err(|e| io_err(path, e))?;
         fs::set_permissions(path, fs::Permissions::from_mode(0o600))
             .map_err(|e| io_err(path, e))?;
