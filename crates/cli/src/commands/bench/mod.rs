@@ -41,9 +41,22 @@ const RUSTCRYPTO_NOTE: &str = "software AES is measured with OpenSSL only: RustC
     picks its software path only at compile time (cfg aes_force_soft) and ring has no switch, \
     so their software speed cannot be measured at run time";
 
+/// Benchmarks other than the default one.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Load-test the watch daemon: Poisson arrivals at --rate, measured
+    /// latency and throughput beside the M/M/c queueing model.
+    Watch(crate::commands::watch::LoadArgs),
+}
+
 /// `tpmcrypt bench`.
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// A different benchmark.
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+
     /// File sizes, comma-separated, with K/M/G suffixes (powers of 1024),
     /// e.g. 16K,1M,64M [default: 16K, 32K … 16M, 64M, 256M, 1G].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_size)]
@@ -178,6 +191,9 @@ impl Drop for TempDir {
 
 /// Runs the benchmark.
 pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+    if let Some(BenchCommand::Watch(load)) = &args.command {
+        return crate::commands::watch::run_load(load);
+    }
     if let Some(plan) = &args.child {
         return run_child(plan);
     }

@@ -1,17 +1,105 @@
-//! `tpmcrypt watch` (being written).
+//! `tpmcrypt watch`: a daemon that keeps a directory encrypted. Every file
+//! closed after writing in SRC (recursively) is encrypted, once it has
+//! settled, to DEST under the same relative path plus `.tpmc`, crash-safely;
+//! with `--delete-plaintext` the source is removed once its ciphertext is
+//! durable and verified. See docs/watch.md.
+//!
+//! Threads: notify's inotify reader feeds a bounded event channel; one
+//! coordinator owns all state (pending files de-duplicated by path, settle
+//! timers, the journal, the stats) and hands jobs to N workers through a
+//! bounded channel; the workers share one `Encryptor` per session.
 
-use std::path::PathBuf;
+mod coord;
+mod fsio;
+mod journal;
+mod load;
+mod log;
+mod scan;
+mod stats;
+mod units;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
+
+pub use load::{run_load, LoadArgs};
+
+use crate::args::ModeArg;
 
 /// `tpmcrypt watch`.
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// Directory to watch.
+    /// Directory to watch, recursively. Symlinks in it are never followed.
     pub src: PathBuf,
+
+    /// Where ciphertext goes: SRC/a/b.txt becomes DEST/a/b.txt.tpmc. Must
+    /// not be inside SRC.
+    #[arg(long, value_name = "DEST")]
+    pub out: PathBuf,
+
+    /// Recipient: a recovery recipient string (tpmcrypt-recovery:…), or a
+    /// file holding one or a PEM public key. May be repeated.
+    #[arg(short = 'R', long = "recipient", value_name = "RECIPIENT")]
+    pub recipients: Vec<String>,
+
+    /// A key from the keystore, by name (its public half only).
+    #[arg(short = 'k', long = "key", value_name = "NAME")]
+    pub keys: Vec<String>,
+
+    /// Remove each source once its ciphertext is durable and has been
+    /// decrypted and compared with it.
+    #[arg(long)]
+    pub delete_plaintext: bool,
+
+    /// Files encrypted at once (default: number of CPUs). The work is
+    /// mostly waiting for fsync: on slow disks more workers help.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
+    /// Payload mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Gcm)]
+    pub mode: ModeArg,
+
+    /// How long a file must stay unmodified after it is closed before it is
+    /// taken (ms, s, m, h).
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = units::parse_duration)]
+    pub settle: Duration,
+
+    /// Write statistics as JSON to FILE (atomically, every --stats-interval
+    /// and at exit).
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+
+    /// How often statistics are logged and written.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = units::parse_duration)]
+    pub stats_interval: Duration,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (loopback only,
+    /// e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+
+    /// Draw a new session key this often (default: one per run).
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_duration)]
+    pub rotate: Option<Duration>,
+
+    /// State directory (journal, lock) [default: DEST/.tpmcrypt-watch].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Log to FILE instead of stderr (SIGHUP reopens it).
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
 }
 
-/// Runs the daemon.
-pub fn run(_args: &WatchArgs, _ui: &crate::Ui) -> anyhow::Result<i32> {
-    Err(crate::exit::usage("watch is not implemented yet"))
+/// Runs the daemon (or, hidden, the load generator).
+pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+    coord::run(args, ui)
+}
+
+/// A relative path for log lines.
+fn show(rel: &Path) -> String {
+    rel.display().to_string()
 }

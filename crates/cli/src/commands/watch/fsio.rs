@@ -1,0 +1,334 @@
+//! Low-level file access for the watcher: opening a path beneath SRC
+//! without following any symlink, probing for writers with a file lease,
+//! and removing a verified source.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What a directory entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A FIFO.
+    Fifo,
+    /// A socket.
+    Socket,
+    /// A device node.
+    Device,
+}
+
+impl Kind {
+    /// From a `st_mode`.
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            _ => Kind::Device,
+        }
+    }
+
+    /// For log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symlink",
+            Kind::Fifo => "FIFO",
+            Kind::Socket => "socket",
+            Kind::Device => "device",
+        }
+    }
+}
+
+/// The identity and version of a source file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Size.
+    pub size: u64,
+    /// mtime, ns since the epoch.
+    pub mtime_ns: i128,
+    /// ctime, ns since the epoch.
+    pub ctime_ns: i128,
+    /// Mode bits.
+    pub mode: u32,
+}
+
+fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+impl Stamp {
+    /// From metadata.
+    pub fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+            mode: m.mode(),
+        }
+    }
+
+    /// How long ago the file was last modified (zero if in the future).
+    pub fn age(&self) -> Duration {
+        let ns = (now_ns() - self.mtime_ns).max(0);
+        Duration::from_nanos(ns.min(u64::MAX as i128) as u64)
+    }
+
+    /// Whether mtime is implausibly far in the future (clock skew, touch -d).
+    pub fn mtime_in_future(&self) -> bool {
+        self.mtime_ns > now_ns() + 1_000_000_000
+    }
+}
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+fn openat(dir: &impl AsRawFd, name: &OsStr, flags: i32) -> io::Result<OwnedFd> {
+    let c = cstr(name)?;
+    // SAFETY: valid directory fd and NUL-terminated name.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by openat and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: kind, device, inode.
+pub fn lstat_at(dir: &impl AsRawFd, name: &OsStr) -> io::Result<(Kind, u64, u64)> {
+    let c = cstr(name)?;
+    // SAFETY: an all-zero stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((Kind::from_mode(st.st_mode), st.st_dev, st.st_ino))
+}
+
+/// Why a path could not be opened as a regular file beneath SRC.
+#[derive(Debug)]
+pub enum OpenError {
+    /// Not a regular file (or a directory on the way is a symlink).
+    NotRegular(Kind),
+    /// An I/O error (NotFound: gone).
+    Io(io::Error),
+}
+
+impl From<io::Error> for OpenError {
+    fn from(e: io::Error) -> Self {
+        // O_NOFOLLOW on a symlink gives ELOOP.
+        match e.raw_os_error() {
+            Some(libc::ELOOP) => OpenError::NotRegular(Kind::Symlink),
+            _ => OpenError::Io(e),
+        }
+    }
+}
+
+/// Opens `rel` (relative to the SRC directory `root`) for reading, walking
+/// one component at a time with O_NOFOLLOW, so that no symlink anywhere on
+/// the path is followed and nothing outside SRC is read. Non-regular files
+/// are refused before they are opened (opening a device can have side
+/// effects). Returns the parent directory and the file.
+pub fn open_beneath(root: &File, rel: &Path) -> Result<(OwnedFd, File), OpenError> {
+    let mut names = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => names.push(n),
+            Component::CurDir => {}
+            _ => {
+                return Err(OpenError::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "path escapes SRC",
+                )))
+            }
+        }
+    }
+    let Some((last, dirs)) = names.split_last() else {
+        return Err(OpenError::NotRegular(Kind::Dir));
+    };
+    let mut dir = openat(root, OsStr::new("."), libc::O_RDONLY | libc::O_DIRECTORY)?;
+    for d in dirs {
+        dir = match openat(
+            &dir,
+            d,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        ) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                let kind = lstat_at(&dir, d).map(|k| k.0).unwrap_or(Kind::Symlink);
+                return Err(OpenError::NotRegular(kind));
+            }
+            Err(e) => return Err(e.into()),
+        };
+    }
+    let (kind, _, _) = lstat_at(&dir, last)?;
+    if kind != Kind::File {
+        return Err(OpenError::NotRegular(kind));
+    }
+    // O_NONBLOCK: should the entry be swapped for a FIFO meanwhile, the
+    // open does not hang (and fstat then refuses it).
+    let fd = openat(
+        &dir,
+        last,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+    )?;
+    let file = File::from(fd);
+    let kind = Kind::from_mode(file.metadata()?.mode());
+    if kind != Kind::File {
+        return Err(OpenError::NotRegular(kind));
+    }
+    Ok((dir, file))
+}
+
+/// Whether anybody has a file open for writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writers {
+    /// Nobody (a read lease was granted).
+    None,
+    /// Some process has it open for writing.
+    Busy,
+    /// Cannot tell: leases are not available (not the file's owner and no
+    /// CAP_LEASE, or the file system does not support them).
+    Unknown,
+}
+
+/// Takes a read lease on `file` (held until [`unlease`] or close). The
+/// kernel grants one only when no process has the file open for writing.
+/// SIGIO, sent if a writer opens the file while the lease is held, must be
+/// ignored by the process ([`ignore_sigio`]).
+pub fn lease(file: &File) -> Writers {
+    // SAFETY: fcntl on a valid fd with an integer argument.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+    if rc == 0 {
+        return Writers::None;
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EBUSY) => Writers::Busy,
+        _ => Writers::Unknown,
+    }
+}
+
+/// Releases a lease taken by [`lease`].
+pub fn unlease(file: &File) {
+    // SAFETY: fcntl on a valid fd with an integer argument.
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK);
+    }
+}
+
+/// Probes for writers without keeping a lease.
+pub fn writers(file: &File) -> Writers {
+    let w = lease(file);
+    if w == Writers::None {
+        unlease(file);
+    }
+    w
+}
+
+/// Removes `name` from `dir` and makes the removal durable.
+pub fn unlink_durably(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid directory fd and NUL-terminated name.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: valid fd.
+    if unsafe { libc::fsync(dir.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether process `pid` exists.
+pub fn pid_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Ignores SIGIO (a lease break would otherwise kill the process).
+pub fn ignore_sigio() {
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe {
+        libc::signal(libc::SIGIO, libc::SIG_IGN);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn symlinks_are_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("sub/f"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("etc")).unwrap();
+        std::os::unix::fs::symlink("sub/f", d.join("link")).unwrap();
+        std::os::unix::fs::symlink("sub", d.join("sublink")).unwrap();
+        let root = File::open(d).unwrap();
+        assert!(open_beneath(&root, Path::new("sub/f")).is_ok());
+        for p in ["etc/passwd", "link", "sublink/f"] {
+            match open_beneath(&root, Path::new(p)) {
+                Err(OpenError::NotRegular(Kind::Symlink)) => {}
+                other => panic!("{p}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            open_beneath(&root, Path::new("../x")),
+            Err(OpenError::Io(_))
+        ));
+        assert!(matches!(
+            open_beneath(&root, Path::new("sub")),
+            Err(OpenError::NotRegular(Kind::Dir))
+        ));
+    }
+
+    #[test]
+    fn lease_sees_writers() {
+        ignore_sigio();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let w = File::create(&p).unwrap();
+        let r = File::open(&p).unwrap();
+        assert_ne!(writers(&r), Writers::None);
+        drop(w);
+        assert_ne!(writers(&r), Writers::Busy);
+    }
+}

@@ -1,0 +1,247 @@
+//! The state journal: which source files are already encrypted, as of which
+//! version (size, mtime, inode), so that a restart does not encrypt them
+//! again.
+//!
+//! It is an append-only text file, one record per line:
+//!
+//! ```text
+//! + SIZE MTIME_NS INODE CT_LEN HEX(relative path)    encrypted
+//! - HEX(relative path)                               forgotten
+//! ```
+//!
+//! A record is appended only after its ciphertext is durable, so the journal
+//! can lag behind (a crash loses the tail: those files are encrypted again,
+//! which is harmless) but never runs ahead. At start-up it is read, checked
+//! against SRC and DEST (a record whose source is gone or whose ciphertext
+//! is missing or of the wrong size is dropped) and rewritten compactly with
+//! a crash-safe rename.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+use crate::atomic::AtomicFile;
+
+/// File name of the journal inside the state directory.
+pub const JOURNAL: &str = "journal";
+
+/// The version of a source file that was encrypted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Inode number.
+    pub ino: u64,
+    /// Size of the ciphertext written for it.
+    pub ct_len: u64,
+}
+
+impl Record {
+    /// Whether a source with this (size, mtime, inode) is the version
+    /// recorded.
+    pub fn same_source(&self, size: u64, mtime_ns: i128, ino: u64) -> bool {
+        self.size == size && self.mtime_ns == mtime_ns && self.ino == ino
+    }
+}
+
+/// The journal: records by path relative to SRC, and the file they are
+/// appended to.
+pub struct Journal {
+    path: PathBuf,
+    records: HashMap<PathBuf, Record>,
+    out: Option<BufWriter<File>>,
+    dirty: bool,
+}
+
+fn decode_path(h: &str) -> Option<PathBuf> {
+    hex::decode(h)
+        .ok()
+        .map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)))
+}
+
+fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
+    let mut parts = line.split(' ');
+    match parts.next()? {
+        "+" => {
+            let size = parts.next()?.parse().ok()?;
+            let mtime_ns = parts.next()?.parse().ok()?;
+            let ino = parts.next()?.parse().ok()?;
+            let ct_len = parts.next()?.parse().ok()?;
+            let path = decode_path(parts.next()?)?;
+            if parts.next().is_some() {
+                return None;
+            }
+            Some((
+                path,
+                Some(Record {
+                    size,
+                    mtime_ns,
+                    ino,
+                    ct_len,
+                }),
+            ))
+        }
+        "-" => Some((decode_path(parts.next()?)?, None)),
+        _ => None,
+    }
+}
+
+fn format_put(rel: &Path, r: &Record) -> String {
+    format!(
+        "+ {} {} {} {} {}\n",
+        r.size,
+        r.mtime_ns,
+        r.ino,
+        r.ct_len,
+        hex::encode(rel.as_os_str().as_bytes())
+    )
+}
+
+impl Journal {
+    /// Reads the journal in `state_dir` (missing means empty). Malformed
+    /// lines, such as a torn last line after a crash, are ignored.
+    pub fn load(state_dir: &Path) -> io::Result<Journal> {
+        let path = state_dir.join(JOURNAL);
+        let mut records = HashMap::new();
+        match File::open(&path) {
+            Ok(f) => {
+                for line in BufReader::new(f).split(b'\n') {
+                    let line = line?;
+                    let Ok(text) = std::str::from_utf8(&line) else {
+                        continue;
+                    };
+                    match parse_line(text) {
+                        Some((p, Some(r))) => {
+                            records.insert(p, r);
+                        }
+                        Some((p, None)) => {
+                            records.remove(&p);
+                        }
+                        None => {}
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Journal {
+            path,
+            records,
+            out: None,
+            dirty: false,
+        })
+    }
+
+    /// The record for `rel`.
+    pub fn get(&self, rel: &Path) -> Option<Record> {
+        self.records.get(rel).copied()
+    }
+
+    /// Keeps only the records for which `keep` returns true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Path, &Record) -> bool) {
+        self.records.retain(|p, r| keep(p, r));
+    }
+
+    /// Rewrites the journal with the current records (crash-safe) and opens
+    /// it for appending.
+    pub fn compact(&mut self) -> io::Result<()> {
+        self.out = None;
+        let mut f = AtomicFile::create(&self.path, 0o600, true)?;
+        {
+            let mut w = BufWriter::new(f.file());
+            for (p, r) in &self.records {
+                w.write_all(format_put(p, r).as_bytes())?;
+            }
+            w.flush()?;
+        }
+        f.commit()?;
+        self.out = Some(BufWriter::new(
+            OpenOptions::new().append(true).open(&self.path)?,
+        ));
+        Ok(())
+    }
+
+    /// Records that `rel` is encrypted as `r`.
+    pub fn put(&mut self, rel: &Path, r: Record) -> io::Result<()> {
+        if self.records.get(rel) == Some(&r) {
+            return Ok(());
+        }
+        self.records.insert(rel.to_path_buf(), r);
+        self.append(format_put(rel, &r))
+    }
+
+    /// Forgets `rel`.
+    pub fn remove(&mut self, rel: &Path) -> io::Result<()> {
+        if self.records.remove(rel).is_none() {
+            return Ok(());
+        }
+        self.append(format!("- {}\n", hex::encode(rel.as_os_str().as_bytes())))
+    }
+
+    fn append(&mut self, line: String) -> io::Result<()> {
+        if let Some(out) = &mut self.out {
+            out.write_all(line.as_bytes())?;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Hands buffered records to the kernel (they survive a kill -9 from
+    /// here on).
+    pub fn flush(&mut self) -> io::Result<()> {
+        if let Some(out) = &mut self.out {
+            out.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and fsyncs (they survive a power loss from here on).
+    pub fn sync(&mut self) -> io::Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        if let Some(out) = &mut self.out {
+            out.flush()?;
+            out.get_ref().sync_data()?;
+        }
+        self.dirty = false;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::load(dir.path()).unwrap();
+        j.compact().unwrap();
+        let r = Record {
+            size: 5,
+            mtime_ns: 1_700_000_000_123_456_789,
+            ino: 42,
+            ct_len: 99,
+        };
+        j.put(Path::new("a/b c.txt"), r).unwrap();
+        j.put(Path::new("gone"), r).unwrap();
+        j.remove(Path::new("gone")).unwrap();
+        j.flush().unwrap();
+        // A torn record from a crash mid-write.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(JOURNAL))
+            .unwrap();
+        f.write_all(b"+ 1 2 3").unwrap();
+        let j = Journal::load(dir.path()).unwrap();
+        assert_eq!(j.records.len(), 1);
+        assert_eq!(j.get(Path::new("a/b c.txt")), Some(r));
+        assert!(r.same_source(5, 1_700_000_000_123_456_789, 42));
+        assert!(!r.same_source(5, 1_700_000_000_123_456_788, 42));
+    }
+}

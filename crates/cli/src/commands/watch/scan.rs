@@ -1,0 +1,152 @@
+//! Walking SRC (start-up scan, new or moved-in directories, rescans after
+//! an inotify overflow) and cleaning crash leftovers out of DEST.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::fsio::{self, Kind};
+use crate::atomic::PARTIAL_MARKER;
+
+/// An entry found by a scan.
+pub struct Found {
+    /// Path relative to SRC.
+    pub rel: PathBuf,
+    /// What it is.
+    pub kind: Kind,
+    /// lstat of the entry.
+    pub meta: fs::Metadata,
+}
+
+/// Walks `src/rel` depth-first without following symlinks, calling `each`
+/// for every non-directory entry until it returns false. Unreadable
+/// directories are reported through `each_err` and skipped.
+pub fn walk(
+    src: &Path,
+    rel: &Path,
+    each: &mut dyn FnMut(Found) -> bool,
+    each_err: &mut dyn FnMut(&Path, io::Error),
+) -> bool {
+    let entries = match fs::read_dir(src.join(rel)) {
+        Ok(e) => e,
+        Err(e) => {
+            each_err(rel, e);
+            return true;
+        }
+    };
+    let mut subdirs = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                each_err(rel, e);
+                continue;
+            }
+        };
+        let child = rel.join(entry.file_name());
+        // lstat; an entry that vanished meanwhile is skipped.
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let kind = Kind::from_mode(meta.mode());
+        if kind == Kind::Dir {
+            subdirs.push(child);
+        } else if !each(Found {
+            rel: child,
+            kind,
+            meta,
+        }) {
+            return false;
+        }
+    }
+    for sub in subdirs {
+        if !walk(src, &sub, each, each_err) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Removes temporaries (`.NAME.tpmcrypt-partial.PID.RANDOM`) left under
+/// `dest` by processes that no longer run. Returns how many were removed.
+pub fn clean_partials(dest: &Path) -> usize {
+    let me = std::process::id() as i32;
+    let mut removed = 0;
+    let mut stack = vec![dest.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(entry.path());
+                continue;
+            }
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let Some(pos) = name.find(PARTIAL_MARKER) else {
+                continue;
+            };
+            let rest = &name[pos + PARTIAL_MARKER.len()..];
+            let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            // Our own PID cannot own a temporary yet: it is a previous
+            // process's that had the same PID.
+            if (pid == me || !fsio::pid_alive(pid)) && fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_reports_files_and_specials_without_following() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir_all(d.join("a/b")).unwrap();
+        fs::write(d.join("a/b/f"), b"x").unwrap();
+        fs::write(d.join("g"), b"y").unwrap();
+        std::os::unix::fs::symlink("/etc", d.join("etc")).unwrap();
+        let mut seen = Vec::new();
+        walk(
+            d,
+            Path::new(""),
+            &mut |f| {
+                seen.push((f.rel, f.kind));
+                true
+            },
+            &mut |_, _| {},
+        );
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            seen,
+            vec![
+                (PathBuf::from("a/b/f"), Kind::File),
+                (PathBuf::from("etc"), Kind::Symlink),
+                (PathBuf::from("g"), Kind::File),
+            ]
+        );
+    }
+
+    #[test]
+    fn partials_of_dead_processes_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        let stale = d.join(format!("sub/.x.tpmc{PARTIAL_MARKER}2147483646.00"));
+        let mine = d.join(format!(".y.tpmc{PARTIAL_MARKER}{}.00", std::process::id()));
+        fs::write(&stale, b"x").unwrap();
+        fs::write(&mine, b"x").unwrap();
+        fs::write(d.join("keep.tpmc"), b"x").unwrap();
+        assert_eq!(clean_partials(d), 2);
+        assert!(d.join("keep.tpmc").exists());
+    }
+}

@@ -1,0 +1,429 @@
+//! Counters, latency histograms, and their three outlets: a log line, a
+//! JSON file rewritten atomically, and Prometheus text over a tiny
+//! loopback-only HTTP server.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::atomic::AtomicFile;
+
+/// Relative width of a histogram bucket (1 %).
+const GROWTH: f64 = 1.01;
+/// Buckets cover 1 µs … about 10⁴ s.
+const BUCKETS: usize = 2400;
+
+/// A latency histogram with 1 % resolution: constant memory however long
+/// the daemon runs.
+#[derive(Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    count: u64,
+    sum_us: f64,
+    max_us: f64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; BUCKETS],
+            count: 0,
+            sum_us: 0.0,
+            max_us: 0.0,
+        }
+    }
+}
+
+impl Histogram {
+    /// Adds one observation.
+    pub fn record(&mut self, d: Duration) {
+        let us = (d.as_secs_f64() * 1e6).max(1.0);
+        let i = ((us.ln() / GROWTH.ln()) as usize).min(BUCKETS - 1);
+        self.counts[i] += 1;
+        self.count += 1;
+        self.sum_us += us;
+        self.max_us = self.max_us.max(us);
+    }
+
+    /// The `q` quantile (0 < q ≤ 1) in milliseconds, 0 when empty.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                // Geometric middle of the bucket, never above the maximum.
+                let mid = GROWTH.powf(i as f64 + 0.5);
+                return mid.min(self.max_us) / 1e3;
+            }
+        }
+        self.max_us / 1e3
+    }
+
+    /// Mean in milliseconds.
+    pub fn mean_ms(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_us / self.count as f64 / 1e3
+        }
+    }
+
+    /// The summary exported.
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            count: self.count,
+            mean_ms: round3(self.mean_ms()),
+            p50_ms: round3(self.quantile_ms(0.50)),
+            p95_ms: round3(self.quantile_ms(0.95)),
+            p99_ms: round3(self.quantile_ms(0.99)),
+            max_ms: round3(self.max_us / 1e3),
+            sum_s: self.sum_us / 1e6,
+        }
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Latency figures as exported.
+#[derive(Serialize, Clone, Debug, Default)]
+pub struct LatencySummary {
+    /// Observations.
+    pub count: u64,
+    /// Mean (ms).
+    pub mean_ms: f64,
+    /// Median (ms).
+    pub p50_ms: f64,
+    /// 95th percentile (ms).
+    pub p95_ms: f64,
+    /// 99th percentile (ms).
+    pub p99_ms: f64,
+    /// Maximum (ms).
+    pub max_ms: f64,
+    /// Sum (s), for Prometheus.
+    pub sum_s: f64,
+}
+
+/// Everything counted. Owned by the coordinator, shared (behind a mutex)
+/// with the metrics server.
+#[derive(Default, Clone)]
+pub struct Stats {
+    /// Files encrypted (ciphertext durable).
+    pub files: u64,
+    /// Plaintext bytes encrypted.
+    pub bytes: u64,
+    /// Attempts that failed (each is retried).
+    pub failures: u64,
+    /// Files found already encrypted and unchanged.
+    pub unchanged: u64,
+    /// Entries that are not regular files (symlinks, FIFOs, …).
+    pub skipped: u64,
+    /// Files that changed while being encrypted (done again).
+    pub changed: u64,
+    /// Sources removed after verification (--delete-plaintext).
+    pub deleted: u64,
+    /// Files waiting for --settle.
+    pub settling: u64,
+    /// Files ready, waiting for a worker.
+    pub queue_depth: u64,
+    /// Files being encrypted.
+    pub in_flight: u64,
+    /// Session keys drawn (1 + rotations).
+    pub sessions: u64,
+    /// Close-write event → durable ciphertext.
+    pub latency: Histogram,
+    /// Worker start → durable ciphertext.
+    pub service: Histogram,
+}
+
+/// The JSON document of `--stats-json`.
+#[derive(Serialize)]
+pub struct Snapshot {
+    /// Seconds since the Unix epoch.
+    pub time: f64,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// See [`Stats`].
+    pub files: u64,
+    /// See [`Stats`].
+    pub bytes: u64,
+    /// See [`Stats`].
+    pub failures: u64,
+    /// See [`Stats`].
+    pub unchanged: u64,
+    /// See [`Stats`].
+    pub skipped: u64,
+    /// See [`Stats`].
+    pub changed: u64,
+    /// See [`Stats`].
+    pub deleted: u64,
+    /// See [`Stats`].
+    pub settling: u64,
+    /// See [`Stats`].
+    pub queue_depth: u64,
+    /// See [`Stats`].
+    pub in_flight: u64,
+    /// See [`Stats`].
+    pub sessions: u64,
+    /// Close-write event → durable ciphertext.
+    pub latency: LatencySummary,
+    /// Time a worker spends on one file.
+    pub service: LatencySummary,
+}
+
+impl Stats {
+    /// The exported view.
+    pub fn snapshot(&self, started: Instant) -> Snapshot {
+        Snapshot {
+            time: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            uptime_s: started.elapsed().as_secs_f64(),
+            files: self.files,
+            bytes: self.bytes,
+            failures: self.failures,
+            unchanged: self.unchanged,
+            skipped: self.skipped,
+            changed: self.changed,
+            deleted: self.deleted,
+            settling: self.settling,
+            queue_depth: self.queue_depth,
+            in_flight: self.in_flight,
+            sessions: self.sessions,
+            latency: self.latency.summary(),
+            service: self.service.summary(),
+        }
+    }
+
+    /// One log line.
+    pub fn line(&self) -> String {
+        let l = self.latency.summary();
+        format!(
+            "{} files ({:.1} MiB), {} unchanged, {} failed, {} settling, {} queued, {} in flight; \
+             latency p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+            self.files,
+            self.bytes as f64 / (1 << 20) as f64,
+            self.unchanged,
+            self.failures,
+            self.settling,
+            self.queue_depth,
+            self.in_flight,
+            l.p50_ms,
+            l.p95_ms,
+            l.p99_ms
+        )
+    }
+
+    /// Prometheus text exposition format (0.0.4).
+    pub fn prometheus(&self, started: Instant) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+            out.push_str(&format!(
+                "# HELP tpmcrypt_watch_{name} {help}\n# TYPE tpmcrypt_watch_{name} {kind}\n\
+                 tpmcrypt_watch_{name} {value}\n"
+            ));
+        };
+        metric(
+            "files_total",
+            "counter",
+            "Files encrypted (ciphertext durable).",
+            self.files.to_string(),
+        );
+        metric(
+            "bytes_total",
+            "counter",
+            "Plaintext bytes encrypted.",
+            self.bytes.to_string(),
+        );
+        metric(
+            "failures_total",
+            "counter",
+            "Failed attempts (each is retried).",
+            self.failures.to_string(),
+        );
+        metric(
+            "unchanged_total",
+            "counter",
+            "Files found already encrypted and unchanged.",
+            self.unchanged.to_string(),
+        );
+        metric(
+            "skipped_total",
+            "counter",
+            "Entries skipped: symlinks, FIFOs, sockets, devices.",
+            self.skipped.to_string(),
+        );
+        metric(
+            "changed_total",
+            "counter",
+            "Files that changed while being encrypted.",
+            self.changed.to_string(),
+        );
+        metric(
+            "deleted_total",
+            "counter",
+            "Plaintexts removed after verification.",
+            self.deleted.to_string(),
+        );
+        metric(
+            "settling",
+            "gauge",
+            "Files waiting for --settle.",
+            self.settling.to_string(),
+        );
+        metric(
+            "queue_depth",
+            "gauge",
+            "Files waiting for a worker.",
+            self.queue_depth.to_string(),
+        );
+        metric(
+            "in_flight",
+            "gauge",
+            "Files being encrypted.",
+            self.in_flight.to_string(),
+        );
+        metric(
+            "sessions_total",
+            "counter",
+            "Session keys drawn.",
+            self.sessions.to_string(),
+        );
+        metric(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since start.",
+            format!("{:.3}", started.elapsed().as_secs_f64()),
+        );
+        for (name, help, h) in [
+            (
+                "latency_seconds",
+                "Close-write event to durable ciphertext.",
+                &self.latency,
+            ),
+            ("service_seconds", "Worker time per file.", &self.service),
+        ] {
+            out.push_str(&format!(
+                "# HELP tpmcrypt_watch_{name} {help}\n# TYPE tpmcrypt_watch_{name} summary\n"
+            ));
+            for q in [0.5, 0.95, 0.99] {
+                out.push_str(&format!(
+                    "tpmcrypt_watch_{name}{{quantile=\"{q}\"}} {:.6}\n",
+                    h.quantile_ms(q) / 1e3
+                ));
+            }
+            let s = h.summary();
+            out.push_str(&format!(
+                "tpmcrypt_watch_{name}_sum {:.6}\ntpmcrypt_watch_{name}_count {}\n",
+                s.sum_s, s.count
+            ));
+        }
+        out
+    }
+}
+
+/// Writes the JSON snapshot to `path`, crash-safe (temporary, fsync,
+/// rename).
+pub fn write_json(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
+    let mut f = AtomicFile::create(path, 0o644, true)?;
+    serde_json::to_writer_pretty(f.file(), snap)?;
+    f.file().write_all(b"\n")?;
+    f.commit()?;
+    Ok(())
+}
+
+/// Parses and checks a `--metrics` address: an IP literal on loopback.
+pub fn metrics_addr(text: &str) -> anyhow::Result<SocketAddr> {
+    let addr: SocketAddr = text.parse().map_err(|_| {
+        crate::exit::usage(format!(
+            "--metrics {text:?}: expected IP:PORT such as 127.0.0.1:9464"
+        ))
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(crate::exit::usage(format!(
+            "--metrics {text}: refusing a non-loopback address (metrics are served on 127.0.0.1 or [::1] only)"
+        )));
+    }
+    Ok(addr)
+}
+
+/// Serves `GET /metrics` on `listener` until the process exits.
+pub fn serve_metrics(listener: TcpListener, stats: Arc<Mutex<Stats>>, started: Instant) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        if let Err(e) = answer(conn, &stats, started) {
+            tracing::debug!("metrics request: {e}");
+        }
+    }
+}
+
+fn answer(mut conn: TcpStream, stats: &Mutex<Stats>, started: Instant) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&req);
+    let mut words = line.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, body) = match (method, target) {
+        ("GET", "/metrics") | ("GET", "/") => {
+            let s = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            ("200 OK", s.prometheus(started))
+        }
+        ("GET", _) => ("404 Not Found", "not found\n".to_string()),
+        _ => ("405 Method Not Allowed", "GET only\n".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes())?;
+    conn.write_all(body.as_bytes())?;
+    conn.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_within_one_percent() {
+        let mut h = Histogram::default();
+        for ms in 1..=1000u64 {
+            h.record(Duration::from_millis(ms));
+        }
+        for (q, want) in [(0.5, 500.0), (0.95, 950.0), (0.99, 990.0)] {
+            let got = h.quantile_ms(q);
+            assert!((got - want).abs() / want < 0.01, "q{q}: {got} vs {want}");
+        }
+        assert!((h.mean_ms() - 500.5).abs() < 0.01);
+        assert_eq!(Histogram::default().quantile_ms(0.5), 0.0);
+    }
+
+    #[test]
+    fn metrics_only_on_loopback() {
+        assert!(metrics_addr("127.0.0.1:9464").is_ok());
+        assert!(metrics_addr("[::1]:9464").is_ok());
+        assert!(metrics_addr("0.0.0.0:9464").is_err());
+        assert!(metrics_addr("192.168.1.2:80").is_err());
+        assert!(metrics_addr("localhost:80").is_err());
+    }
+}

@@ -1,0 +1,300 @@
+//! One file, start to finish: open beneath SRC without following symlinks,
+//! check it is settled and has no writer, encrypt it under a temporary name,
+//! check it did not change meanwhile, make the ciphertext durable, and with
+//! `--delete-plaintext` verify the ciphertext against the source before
+//! removing the source.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use sha2::{Digest, Sha256};
+use tpmcrypt_cipher::{Decryptor, Encryptor, Header, StreamOptions};
+
+use super::fsio::{self, Kind, OpenError, Stamp, Writers};
+use super::journal::Record;
+use crate::atomic::AtomicFile;
+
+/// One session: the key every file is encrypted under until the next
+/// rotation, and a decryptor that knows it (for verification).
+pub struct Session {
+    /// Shared by all workers (it is Sync).
+    pub encryptor: Encryptor,
+    /// Knows this session's key: verifies without any identity or TPM.
+    pub verifier: Decryptor,
+    /// Session id as shown by `tpmcrypt inspect`.
+    pub id: String,
+}
+
+impl Session {
+    /// Draws a session key and wraps it to the recipients.
+    pub fn new(
+        recipients: &[Box<dyn tpmcrypt_cipher::Recipient>],
+        params: tpmcrypt_cipher::Params,
+    ) -> anyhow::Result<Session> {
+        let encryptor = Encryptor::new(recipients, params)?;
+        let verifier = encryptor.verifier()?;
+        let header = Header::read_from(&mut encryptor.header())?;
+        let id = hex::encode(&header.stanza_digest()[..16]);
+        Ok(Session {
+            encryptor,
+            verifier,
+            id,
+        })
+    }
+}
+
+/// What every worker shares.
+pub struct Ctx {
+    /// SRC, opened as a directory: every source is opened beneath it.
+    pub src_root: File,
+    /// DEST (canonical).
+    pub dest: PathBuf,
+    /// Minimum age of the last modification.
+    pub settle: Duration,
+    /// Remove verified sources.
+    pub delete: bool,
+    /// The current session (replaced on rotation).
+    pub session: Mutex<Arc<Session>>,
+    /// Whether the "no leases" notice was logged.
+    pub lease_noted: AtomicBool,
+}
+
+impl Ctx {
+    /// The session to use for the next file.
+    pub fn session(&self) -> Arc<Session> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// DEST/rel.tpmc.
+    pub fn dest_path(&self, rel: &Path) -> PathBuf {
+        let mut name = self.dest.join(rel).into_os_string();
+        name.push(".");
+        name.push(crate::files::SUFFIX);
+        PathBuf::from(name)
+    }
+}
+
+/// A file to encrypt.
+pub struct Job {
+    /// Path relative to SRC.
+    pub rel: PathBuf,
+    /// What the journal says was encrypted last time.
+    pub prev: Option<Record>,
+}
+
+/// What happened.
+pub enum Outcome {
+    /// The ciphertext is durable (and the source removed, if `deleted`).
+    Encrypted {
+        /// The version encrypted.
+        rec: Record,
+        /// The source was verified and removed.
+        deleted: bool,
+        /// When the ciphertext became durable.
+        done_at: Instant,
+        /// Time spent by the worker.
+        service: Duration,
+    },
+    /// Already encrypted and unchanged since (journal).
+    Unchanged,
+    /// Not a regular file: skipped, never followed or read.
+    NotRegular(Kind),
+    /// No longer there.
+    Gone,
+    /// Some process still has it open for writing.
+    Busy,
+    /// Modified less than --settle ago: try again after this long.
+    NotSettled(Duration),
+    /// It changed while being encrypted: do it again.
+    Changed,
+    /// An error; retried with backoff.
+    Failed(anyhow::Error),
+}
+
+/// Processes one job; never panics through (a panic becomes a failure).
+pub fn process(ctx: &Ctx, job: &Job) -> Outcome {
+    let started = Instant::now();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        encrypt_one(ctx, job, started)
+    })) {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(e)) => Outcome::Failed(e),
+        Err(_) => Outcome::Failed(anyhow::anyhow!("internal error (worker panicked)")),
+    }
+}
+
+fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome> {
+    let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel) {
+        Ok(x) => x,
+        Err(OpenError::NotRegular(k)) => return Ok(Outcome::NotRegular(k)),
+        Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Gone),
+        Err(OpenError::Io(e)) => return Err(anyhow::Error::from(e).context("cannot open")),
+    };
+    let st0 = Stamp::of(&file.metadata()?);
+    let dest = ctx.dest_path(&job.rel);
+    if !ctx.delete {
+        if let Some(prev) = job.prev {
+            if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
+                && ciphertext_present(&dest, prev.ct_len)
+            {
+                return Ok(Outcome::Unchanged);
+            }
+        }
+    }
+    if !st0.mtime_in_future() {
+        let age = st0.age();
+        if age < ctx.settle {
+            return Ok(Outcome::NotSettled(ctx.settle - age));
+        }
+    }
+    match fsio::writers(&file) {
+        Writers::Busy => return Ok(Outcome::Busy),
+        Writers::Unknown => {
+            if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    "file leases are not available here (not the files' owner, or unsupported); \
+                     an open writer is detected by --settle and by re-checking after encryption"
+                );
+            }
+        }
+        Writers::None => {}
+    }
+    if let Some(parent) = dest.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let session = ctx.session();
+    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, true)
+        .with_context(|| format!("creating a temporary for {}", dest.display()))?;
+    let result = {
+        let w = BufWriter::with_capacity(64 << 10, out.file());
+        session
+            .encryptor
+            .encrypt_file(&file, w, &StreamOptions::sequential())
+    };
+    let st1 = Stamp::of(&file.metadata()?);
+    if st1 != st0 {
+        // `out` is dropped: the temporary goes, nothing is renamed.
+        return Ok(Outcome::Changed);
+    }
+    result.context("encrypting")?;
+    let ct_len = out.file().metadata()?.len();
+    out.commit()
+        .with_context(|| format!("writing {}", dest.display()))?;
+    let done_at = Instant::now();
+    let rec = Record {
+        size: st0.size,
+        mtime_ns: st0.mtime_ns,
+        ino: st0.ino,
+        ct_len,
+    };
+    let mut deleted = false;
+    if ctx.delete {
+        verify(&session, &dest, &file).with_context(|| format!("verifying {}", dest.display()))?;
+        let Some(name) = job.rel.file_name() else {
+            bail!("no file name");
+        };
+        if !remove_source(&dir, name, &file, &st0).context("removing the verified source")? {
+            return Ok(Outcome::Changed);
+        }
+        deleted = true;
+    }
+    Ok(Outcome::Encrypted {
+        rec,
+        deleted,
+        done_at,
+        service: done_at - started,
+    })
+}
+
+/// Whether DEST holds a ciphertext of the expected size (never following a
+/// symlink there either).
+pub fn ciphertext_present(dest: &Path, ct_len: u64) -> bool {
+    fs::symlink_metadata(dest)
+        .map(|m| m.is_file() && m.len() == ct_len)
+        .unwrap_or(false)
+}
+
+/// A `Write` that only hashes.
+struct HashWriter(Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Decrypts the durable ciphertext with the session's own key and compares
+/// it, by SHA-256 and length, with the source as it is now.
+fn verify(session: &Session, dest: &Path, src: &File) -> anyhow::Result<()> {
+    let ct = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dest)?;
+    let mut plain = HashWriter(Sha256::new());
+    let n = session
+        .verifier
+        .decrypt_file(&ct, &mut plain, &StreamOptions::sequential())?;
+    let mut source = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut off = 0u64;
+    loop {
+        let k = src.read_at(&mut buf, off)?;
+        if k == 0 {
+            break;
+        }
+        source.update(&buf[..k]);
+        off += k as u64;
+    }
+    if n != off || plain.0.finalize() != source.finalize() {
+        bail!("the ciphertext does not decrypt to the source");
+    }
+    Ok(())
+}
+
+/// Removes the source if it is still exactly what was encrypted: under a
+/// read lease (so no writer has it open, and a new writer's open waits), the
+/// open file is unchanged and the name still refers to it. Returns whether
+/// it was removed.
+fn remove_source(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    file: &File,
+    st0: &Stamp,
+) -> io::Result<bool> {
+    let lease = fsio::lease(file);
+    if lease == Writers::Busy {
+        return Ok(false);
+    }
+    let result = (|| {
+        if Stamp::of(&file.metadata()?) != *st0 {
+            return Ok(false);
+        }
+        match fsio::lstat_at(dir, name) {
+            Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino => {}
+            _ => return Ok(false),
+        }
+        match fsio::unlink_durably(dir, name) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    })();
+    if lease == Writers::None {
+        fsio::unlease(file);
+    }
+    result
+}
