@@ -11,8 +11,10 @@ use std::io;
 /// tpmcrypt file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Reading the input or writing the output failed.
-    #[error("{0}")]
+    /// Reading the input or writing the output failed. Transparent: the
+    /// I/O error is this error's message, not also its source, so that a
+    /// cause chain (`{:#}`) names it once.
+    #[error(transparent)]
     Io(#[from] io::Error),
 
     /// The input does not start with the tpmcrypt magic bytes.
