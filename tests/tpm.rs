@@ -1165,3 +1165,74 @@ fn a_refused_key_does_not_block_another_recipient() {
     let r = tc(d, &t, &["decrypt", "-o", "-", "p.tpmc"]);
     assert_one_line(&r, TPM, &["p.tpmc", "PCR"], "only the refused key left");
 }
+
+/// `watch --key NAME` encrypts with the keystore key's public half (no TPM
+/// in the daemon) plus its recovery recipient; the TPM decrypts the whole
+/// run's files with one unbind, and the recovery key alone opens them too.
+#[test]
+fn watch_with_a_keystore_key() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let r = plain(
+        d,
+        &["--simulator", "key", "create", "k", "--recovery", &rec],
+    );
+    assert_ok(&r, "key create --simulator --recovery");
+    let (src, out) = (d.join("src"), d.join("out"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    let mut daemon = tpmcrypt(d)
+        // A closed TPM: the daemon must not need one.
+        .env("TPMCRYPT_TCTI", closed_tcti())
+        .args([
+            "watch", "src", "--out", "out", "--key", "k", "--settle", "10ms",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn watch");
+    let names: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+    // Give the watcher time to arm, then drop the files.
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, n) in names.iter().enumerate() {
+        fs::write(src.join(n), bytes(1000 + i, i as u64)).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !names.iter().all(|n| out.join(format!("{n}.tpmc")).exists()) {
+        assert!(Instant::now() < deadline, "watch did not encrypt the files");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(daemon.id() as i32, libc::SIGTERM);
+    }
+    assert!(
+        daemon.wait().expect("wait").success(),
+        "watch exits 0 on SIGTERM"
+    );
+
+    let v = inspect(d, "out/f0.tpmc");
+    let kinds: BTreeSet<String> = v["recipients"]
+        .as_array()
+        .expect("recipients")
+        .iter()
+        .map(|r| r["kind"].as_str().expect("kind").to_string())
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["recovery-p256".to_string(), "tpm-p256".to_string()])
+    );
+    let r = plain(d, &["--simulator", "-v", "decrypt", "-r", "out"]);
+    assert_ok(&r, "decrypt the daemon's output");
+    assert_summary(&r, names.len(), 1, 1, "one daemon run is one session");
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(
+            fs::read(out.join(n)).unwrap(),
+            bytes(1000 + i, i as u64),
+            "{n}"
+        );
+    }
+    let r = plain(d, &["decrypt", "-i", "rec.key", "-o", "-", "out/f3.tpmc"]);
+    assert_ok(&r, "recovery key alone");
+    assert_eq!(r.stdout, bytes(1003, 3));
+}
