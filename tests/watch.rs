@@ -737,3 +737,81 @@ fn metrics_sighup_and_rotation() {
     assert!(log.contains("INFO tpmcrypt::watch"), "{log}");
     assert!(s.stats()["sessions"].as_u64().unwrap_or(0) >= 2);
 }
+
+/// An unreadable file is reported and retried with backoff, never dropped:
+/// the daemon runs as an unprivileged uid, a root-only file appears, and
+/// once it is made readable it is encrypted.
+#[test]
+fn unreadable_files_are_reported_and_retried() {
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let s = Scratch::new();
+    let chown = |p: &Path| {
+        let c = std::ffi::CString::new(p.to_str().expect("utf8")).expect("cstring");
+        // SAFETY: a valid NUL-terminated path.
+        let rc = unsafe { libc::chown(c.as_ptr(), NOBODY, NOBODY) };
+        assert_eq!(rc, 0, "chown {} (the tests run as root)", p.display());
+    };
+    fs::set_permissions(s.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    for d in [s.src(), s.dest()] {
+        fs::create_dir_all(&d).expect("mkdir");
+        chown(&d);
+    }
+    let log_path = s.path().join("log.nobody");
+    let log = fs::File::create(&log_path).expect("log");
+    let mut child = tpmcrypt(s.path())
+        .args(["watch", s.src().to_str().expect("utf8"), "--out"])
+        .arg(s.dest())
+        .args(["-R", &s.recipient, "--settle", "20ms"])
+        .env_remove("NOTIFY_SOCKET")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn watch as nobody");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "{}",
+        fs::read_to_string(&log_path).unwrap_or_default()
+    );
+
+    let secret = s.src().join("secret");
+    let data = bytes(5000, 77);
+    // Written under another name, then renamed in: the daemon sees a
+    // complete file it cannot open.
+    let staging = s.path().join("staging");
+    fs::write(&staging, &data).expect("write");
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    fs::rename(&staging, &secret).expect("rename into SRC");
+    let ct = s.dest().join("secret.tpmc");
+    wait_for(
+        "the unreadable file to be reported",
+        Duration::from_secs(20),
+        || {
+            fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .contains("secret")
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!ct.exists(), "nothing written for an unreadable file");
+    assert!(secret.exists(), "the source is never dropped");
+
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o644)).expect("chmod 644");
+    wait_for(
+        "the retried file to be encrypted",
+        Duration::from_secs(60),
+        || ct.exists(),
+    );
+    assert_eq!(stop(child), 0);
+    let got = s.decrypt_all();
+    assert_eq!(got[&PathBuf::from("secret")], data);
+    let log = fs::read_to_string(&log_path).expect("log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("secret") && (l.contains("ermission") || l.contains("retry"))),
+        "the failure is reported: {log}"
+    );
+}
