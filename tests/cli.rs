@@ -1382,7 +1382,8 @@ fn kill_during_in_place_never_loses_a_file() {
     let mut rng = Rng(0x5eed_1234_abcd);
     let mut delay_ms = 20u64;
     let (mut interrupted, mut trials) = (0, 0);
-    while trials < 20 || (interrupted == 0 && trials < 40) {
+    let want = common::kill_trials();
+    while trials < want || (interrupted == 0 && trials < 2 * want) {
         trials += 1;
         let trial = d.join(format!("t{trials}"));
         fs::create_dir(&trial).unwrap();

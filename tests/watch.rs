@@ -397,7 +397,7 @@ fn kill_9_at_random_moments_loses_nothing() {
         seed ^= seed << 17;
         seed
     };
-    for round in 0..20u64 {
+    for round in 0..common::kill_trials() as u64 {
         for k in 0..25u64 {
             let rel = PathBuf::from(format!("r{round}/f{k}"));
             let size = match rand() % 4 {

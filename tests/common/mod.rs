@@ -104,3 +104,13 @@ pub fn listing(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Trials for the kill -9 loops: 20 in the regular suite, more with
+/// `TPMCRYPT_KILL_TRIALS` (`scripts/reliability` runs 100).
+pub fn kill_trials() -> usize {
+    std::env::var("TPMCRYPT_KILL_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(20)
+}
