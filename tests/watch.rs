@@ -558,44 +558,30 @@ fn dest_inside_src_is_refused() {
 
 #[test]
 fn read_only_dest_is_reported() {
+    use std::os::unix::process::CommandExt;
     let s = Scratch::new();
     fs::create_dir(s.dest()).expect("mkdir");
-    let root = unsafe { libc::geteuid() } == 0;
-    if root {
-        // Root ignores permissions; the immutable attribute still applies.
-        let ok = std::process::Command::new("chattr")
-            .arg("+i")
-            .arg(s.dest())
-            .status()
-            .map(|st| st.success())
-            .unwrap_or(false);
-        if !ok {
-            eprintln!("skipping: cannot make DEST read-only as root (no chattr)");
-            return;
-        }
-    } else {
-        fs::set_permissions(s.dest(), fs::Permissions::from_mode(0o555)).expect("chmod");
-    }
+    fs::create_dir_all(s.src()).expect("mkdir src");
+    fs::set_permissions(s.dest(), fs::Permissions::from_mode(0o555)).expect("chmod");
     let dest = s.dest();
-    let r = run(
-        s.path(),
-        &[
-            "watch",
-            "src",
-            "--out",
-            dest.to_str().expect("utf8"),
-            "-R",
-            &s.recipient,
-        ],
-    );
-    if root {
-        let _ = std::process::Command::new("chattr")
-            .arg("-i")
-            .arg(s.dest())
-            .status();
-    } else {
-        let _ = fs::set_permissions(s.dest(), fs::Permissions::from_mode(0o755));
+    let mut cmd = tpmcrypt(s.path());
+    cmd.args([
+        "watch",
+        "src",
+        "--out",
+        dest.to_str().expect("utf8"),
+        "-R",
+        &s.recipient,
+    ]);
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root ignores permissions: run the daemon as an unprivileged uid,
+        // for which the 0555 DEST really is read-only.
+        fs::set_permissions(s.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        cmd.uid(65534).gid(65534);
     }
+    let r: common::Run = cmd.output().expect("spawn watch").into();
+    let _ = fs::set_permissions(s.dest(), fs::Permissions::from_mode(0o755));
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(r.stderr.starts_with("error: "), "{}", r.stderr);
     assert!(r.stderr.contains("not writable"), "{}", r.stderr);
