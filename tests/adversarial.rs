@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, listing, recovery, run, tpmcrypt, Run};
+use common::{bytes, listing, recovery, run, tpmcrypt, Layout, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 use tpmcrypt_tpmkey::Simulator;
@@ -49,18 +49,8 @@ const ANY_CAUSE: &[&str] = &[
 
 // ---------------------------------------------------------------- helpers
 
-/// A scratch directory, on tmpfs when there is one (the CLI fsyncs every
-/// output; thousands of fsyncs on a shared disk would dominate).
 fn scratch() -> TempDir {
-    let shm = Path::new("/dev/shm");
-    let mut b = tempfile::Builder::new();
-    b.prefix("tpmcrypt-adv-");
-    if shm.is_dir() {
-        if let Ok(d) = b.tempdir_in(shm) {
-            return d;
-        }
-    }
-    b.tempdir().expect("tempdir")
+    common::scratch("tpmcrypt-adv-")
 }
 
 fn assert_ok(r: &Run, what: &str) {
@@ -179,41 +169,6 @@ fn header_len(ct: &[u8]) -> usize {
         at += 3 + len;
     }
     at + 32
-}
-
-/// Payload parameters as the format document describes them; the tests
-/// compute offsets independently of the implementation.
-#[derive(Clone, Copy, Debug)]
-struct Layout {
-    cbc: bool,
-    key_len: usize,
-    segment: usize,
-}
-
-impl Layout {
-    /// Length byte, salt, 7-byte nonce prefix.
-    fn stream_header(&self) -> usize {
-        1 + self.key_len + 7
-    }
-
-    /// Plaintext bytes in full segment `i`.
-    fn plain(&self, i: usize) -> usize {
-        if self.cbc {
-            self.segment - 32 - self.key_len
-        } else if i == 0 {
-            self.segment - self.stream_header() - 16
-        } else {
-            self.segment - 16
-        }
-    }
-
-    fn sealed(&self, n: usize) -> usize {
-        if self.cbc {
-            16 + (n / 16 + 1) * 16 + self.key_len
-        } else {
-            n + 16
-        }
-    }
 }
 
 /// A ciphertext and where its parts are.

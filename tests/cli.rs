@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{bytes, listing, recovery, run, run_stdin, tpmcrypt, Run};
+use common::{bytes, listing, recovery, run, run_stdin, tpmcrypt, Layout, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -106,63 +106,6 @@ fn payload_offset(dir: &Path, file: &str) -> usize {
     inspect_json(dir, file, &[])["payload_offset"]
         .as_u64()
         .expect("payload_offset") as usize
-}
-
-/// Payload parameters as the format document describes them; the tests
-/// compute expected sizes independently of the implementation.
-#[derive(Clone, Copy, Debug)]
-struct Layout {
-    cbc: bool,
-    key_len: usize,
-    segment: usize,
-}
-
-impl Layout {
-    fn new(mode: &str, bits: u32, segment: usize) -> Self {
-        Layout {
-            cbc: mode == "cbc",
-            key_len: bits as usize / 8,
-            segment,
-        }
-    }
-
-    /// Length byte, salt, 7-byte nonce prefix.
-    fn stream_header(&self) -> usize {
-        1 + self.key_len + 7
-    }
-
-    /// Plaintext bytes in full segment `i`.
-    fn plain(&self, i: usize) -> usize {
-        if self.cbc {
-            // IV, one padding block at most, HMAC tag of key_len bytes.
-            self.segment - 32 - self.key_len
-        } else if i == 0 {
-            self.segment - self.stream_header() - 16
-        } else {
-            self.segment - 16
-        }
-    }
-
-    fn sealed(&self, n: usize) -> usize {
-        if self.cbc {
-            16 + (n / 16 + 1) * 16 + self.key_len
-        } else {
-            n + 16
-        }
-    }
-
-    /// Payload length (stream header and segments) for `len` plaintext bytes.
-    fn payload_len(&self, len: usize) -> usize {
-        let mut total = self.stream_header();
-        let mut left = len;
-        let mut i = 0;
-        while left > self.plain(i) {
-            total += self.sealed(self.plain(i));
-            left -= self.plain(i);
-            i += 1;
-        }
-        total + self.sealed(left)
-    }
 }
 
 fn segment_arg(mode: &str, bits: u32) -> usize {

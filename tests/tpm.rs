@@ -30,18 +30,8 @@ const PIN: &str = "2468";
 
 // ---------------------------------------------------------------- helpers
 
-/// A scratch directory, on tmpfs when there is one: the CLI fsyncs every
-/// output, and a thousand fsyncs on a shared disk take longer than the TPM.
 fn scratch() -> TempDir {
-    let shm = Path::new("/dev/shm");
-    let mut b = tempfile::Builder::new();
-    b.prefix("tpmcrypt-tpm-");
-    if shm.is_dir() {
-        if let Ok(d) = b.tempdir_in(shm) {
-            return d;
-        }
-    }
-    b.tempdir().expect("tempdir")
+    common::scratch("tpmcrypt-tpm-")
 }
 
 /// Starts a swtpm with its state in `dir/name` (fails the test without swtpm).

@@ -114,3 +114,74 @@ pub fn kill_trials() -> usize {
         .filter(|&n| n > 0)
         .unwrap_or(20)
 }
+
+/// Payload parameters as docs/format.md describes them: the tests compute
+/// sizes and offsets from the document, independently of the implementation.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub cbc: bool,
+    pub key_len: usize,
+    pub segment: usize,
+}
+
+impl Layout {
+    pub fn new(mode: &str, bits: u32, segment: usize) -> Self {
+        Layout {
+            cbc: mode == "cbc",
+            key_len: bits as usize / 8,
+            segment,
+        }
+    }
+
+    /// Length byte, salt, 7-byte nonce prefix.
+    pub fn stream_header(&self) -> usize {
+        1 + self.key_len + 7
+    }
+
+    /// Plaintext bytes in full segment `i`.
+    pub fn plain(&self, i: usize) -> usize {
+        if self.cbc {
+            // IV, one padding block at most, HMAC tag of key_len bytes.
+            self.segment - 32 - self.key_len
+        } else if i == 0 {
+            self.segment - self.stream_header() - 16
+        } else {
+            self.segment - 16
+        }
+    }
+
+    pub fn sealed(&self, n: usize) -> usize {
+        if self.cbc {
+            16 + (n / 16 + 1) * 16 + self.key_len
+        } else {
+            n + 16
+        }
+    }
+
+    /// Payload length (stream header and segments) for `len` plaintext bytes.
+    pub fn payload_len(&self, len: usize) -> usize {
+        let mut total = self.stream_header();
+        let mut left = len;
+        let mut i = 0;
+        while left > self.plain(i) {
+            total += self.sealed(self.plain(i));
+            left -= self.plain(i);
+            i += 1;
+        }
+        total + self.sealed(left)
+    }
+}
+
+/// A scratch directory, on tmpfs when there is one: the CLI fsyncs every
+/// output, and thousands of fsyncs on a shared disk would dominate.
+pub fn scratch(prefix: &str) -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let mut b = tempfile::Builder::new();
+    b.prefix(prefix);
+    if shm.is_dir() {
+        if let Ok(d) = b.tempdir_in(shm) {
+            return d;
+        }
+    }
+    b.tempdir().expect("tempdir")
+}
