@@ -333,6 +333,72 @@ fn round_trip_output_variants() {
     assert_ne!(fs::read(d.join("a.bin")).unwrap(), enc.stdout);
 }
 
+/// The sync calls (`fsync`, `fdatasync`, `sync_file_range`) a run makes,
+/// as strace saw them.
+fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
+    let log = dir.join("strace.log");
+    let mut cmd = std::process::Command::new("strace");
+    // The same environment as every other run of the binary.
+    for (key, value) in tpmcrypt(dir).get_envs() {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let status = cmd
+        .args(["-f", "-qq", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=fsync,fdatasync,sync_file_range,syncfs"])
+        .arg(common::bin())
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .status()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(status.success(), "{args:?} under strace: {status}");
+    let text = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    text.lines()
+        .filter(|l| l.contains("sync"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// By default an output is fsynced before and its directory after the
+/// rename; `--no-sync` renames without waiting for the disk, like cp, and
+/// is refused with `--in-place`, which removes originals.
+#[test]
+fn no_sync_skips_fsync_only_when_asked() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let data = bytes(6 << 20, 8); // above the parallel threshold
+    fs::write(d.join("plain"), &data).unwrap();
+
+    let synced = syncs_of(d, &["encrypt", "-R", &r, "-o", "a.tpmc", "plain"]);
+    let fsyncs = synced.iter().filter(|l| l.contains("fsync(")).count();
+    assert!(fsyncs >= 2, "file and directory fsync expected: {synced:?}");
+    let unsynced = syncs_of(
+        d,
+        &["encrypt", "--no-sync", "-R", &r, "-o", "b.tpmc", "plain"],
+    );
+    assert!(unsynced.is_empty(), "--no-sync synced: {unsynced:?}");
+    let unsynced = syncs_of(
+        d,
+        &["decrypt", "--no-sync", "-i", "id", "-o", "b.out", "b.tpmc"],
+    );
+    assert!(unsynced.is_empty(), "--no-sync synced: {unsynced:?}");
+    assert!(fs::read(d.join("b.out")).unwrap() == data);
+    assert!(partials(d).is_empty(), "{:?}", partials(d));
+
+    let res = run(
+        d,
+        &["encrypt", "--no-sync", "--in-place", "-R", &r, "plain"],
+    );
+    assert_usage(&res, "--no-sync --in-place");
+    assert!(fs::read(d.join("plain")).unwrap() == data);
+    assert!(!d.join("plain.tpmc").exists());
+}
+
 /// A file above the 4 MiB threshold goes through the worker pool; the
 /// result is the same whichever side runs in parallel.
 #[test]

@@ -140,6 +140,13 @@ pub struct FileArgs {
     #[arg(short, long)]
     pub force: bool,
 
+    /// Rename outputs into place without waiting for the disk, as cp does.
+    /// Faster for large files; but after a power failure an output may be
+    /// empty or short (it then fails to decrypt, never decrypts wrong).
+    /// Not allowed with --in-place, which removes originals.
+    #[arg(long, conflicts_with = "in_place")]
+    pub no_sync: bool,
+
     /// Worker threads for large inputs (default: number of CPUs).
     #[arg(short = 'j', long, value_name = "N")]
     pub jobs: Option<usize>,

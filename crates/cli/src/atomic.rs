@@ -73,6 +73,20 @@ impl AtomicFile {
     /// rename (refusing to replace unless allowed), fsync the directory.
     pub fn commit(mut self) -> io::Result<()> {
         self.file.sync_all()?;
+        self.rename()?;
+        sync_dir(parent_dir(&self.dest))
+    }
+
+    /// Gives the file its final name without waiting for the disk, as `cp`
+    /// does (`--no-sync`). A crash cannot leave a partial file under the
+    /// final name, but a power failure soon after may: the kernel can
+    /// persist the rename before the data. Such a file fails to decrypt; it
+    /// never decrypts wrong. Never used when an original is to be removed.
+    pub fn commit_unsynced(mut self) -> io::Result<()> {
+        self.rename()
+    }
+
+    fn rename(&mut self) -> io::Result<()> {
         if self.replace {
             fs::rename(&self.tmp, &self.dest)?;
         } else {
@@ -80,7 +94,7 @@ impl AtomicFile {
         }
         // From here the temporary name is gone; nothing for Drop to remove.
         self.tmp = PathBuf::new();
-        sync_dir(parent_dir(&self.dest))
+        Ok(())
     }
 }
 

@@ -191,6 +191,9 @@ pub struct RunOptions {
     pub force: bool,
     /// Remove inputs after their outputs are durable.
     pub in_place: bool,
+    /// Rename outputs into place without fsync (`--no-sync`; never with
+    /// `in_place`).
+    pub no_sync: bool,
     /// Show progress bars on a terminal.
     pub progress: bool,
     /// Refuse to write to a terminal (ciphertext).
@@ -293,13 +296,22 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
                 .with_context(|| format!("creating {}", dest.display()))?;
-            let n = transform(
-                &mut input,
-                &mut atomic::Writeback::new(out.file()),
-                &stream_opts,
-            )?;
-            out.commit()
-                .with_context(|| format!("writing {}", dest.display()))?;
+            let durable = opts.in_place || !opts.no_sync;
+            let n = if durable {
+                transform(
+                    &mut input,
+                    &mut atomic::Writeback::new(out.file()),
+                    &stream_opts,
+                )?
+            } else {
+                transform(&mut input, out.file(), &stream_opts)?
+            };
+            if durable {
+                out.commit()
+            } else {
+                out.commit_unsynced()
+            }
+            .with_context(|| format!("writing {}", dest.display()))?;
             if opts.in_place {
                 if let Source::File(src) = &task.source {
                     atomic::remove_durably(src).context("removing the original")?;
@@ -354,6 +366,7 @@ mod tests {
             recursive: false,
             in_place: false,
             force: false,
+            no_sync: false,
             jobs: None,
             backend: None,
             inputs: inputs.iter().map(PathBuf::from).collect(),

@@ -23,6 +23,7 @@ fn run_options(files: &FileArgs, ui: &Ui, refuse_tty_output: bool) -> RunOptions
         parallel_threshold: 4 << 20,
         force: files.force,
         in_place: files.in_place,
+        no_sync: files.no_sync,
         progress: !ui.quiet,
         refuse_tty_output,
     }
