@@ -399,6 +399,74 @@ fn no_sync_skips_fsync_only_when_asked() {
     assert!(!d.join("plain.tpmc").exists());
 }
 
+/// What a run printed on a pseudo-terminal (util-linux `script`), with
+/// escape sequences removed.
+fn on_terminal(dir: &Path, args: &str) -> String {
+    let typescript = dir.join("typescript");
+    let mut cmd = std::process::Command::new("script");
+    for (key, value) in tpmcrypt(dir).get_envs() {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let status = cmd
+        .args(["-q", "-e", "-c"])
+        .arg(format!("{} {args}", common::bin().display()))
+        .arg(&typescript)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .expect("script (util-linux)");
+    assert!(status.success(), "{args} on a terminal: {status}");
+    let raw = fs::read(&typescript).unwrap();
+    fs::remove_file(&typescript).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let mut plain = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters final-byte
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The progress bar is drawn on stderr for a large input when stderr is a
+/// terminal, and never with `-q`, for small inputs or off a terminal.
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::File::create(d.join("big"))
+        .unwrap()
+        .set_len(65 << 20)
+        .unwrap();
+    fs::write(d.join("small"), b"small").unwrap();
+
+    let shown = on_terminal(d, &format!("encrypt -R {r} -o big.tpmc big"));
+    assert!(shown.contains("/65.00 MiB"), "no bar: {shown:?}");
+    let shown = on_terminal(d, "decrypt -i id -o big.out big.tpmc");
+    assert!(shown.contains("/65.00 MiB"), "no bar: {shown:?}");
+    assert_eq!(fs::metadata(d.join("big.out")).unwrap().len(), 65 << 20);
+
+    let quiet = on_terminal(d, &format!("-q encrypt -R {r} -o big2.tpmc big"));
+    assert!(!quiet.contains(" MiB"), "bar despite -q: {quiet:?}");
+    let small = on_terminal(d, &format!("encrypt -R {r} -o small.tpmc small"));
+    assert!(!small.contains(" MiB"), "bar for 5 bytes: {small:?}");
+    let off = run(d, &["encrypt", "-R", &r, "-o", "big3.tpmc", "big"]);
+    assert_ok(&off, "off a terminal");
+    assert!(off.stderr.is_empty(), "{:?}", off.stderr);
+}
+
 /// A file above the 4 MiB threshold goes through the worker pool; the
 /// result is the same whichever side runs in parallel.
 #[test]
