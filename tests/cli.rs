@@ -337,22 +337,12 @@ fn round_trip_output_variants() {
 /// as strace saw them.
 fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
     let log = dir.join("strace.log");
-    let mut cmd = std::process::Command::new("strace");
-    // The same environment as every other run of the binary.
-    for (key, value) in tpmcrypt(dir).get_envs() {
-        match value {
-            Some(v) => cmd.env(key, v),
-            None => cmd.env_remove(key),
-        };
-    }
-    let status = cmd
+    let status = common::wrapper(dir, "strace")
         .args(["-f", "-qq", "-o"])
         .arg(&log)
         .args(["-e", "trace=fsync,fdatasync,sync_file_range,syncfs"])
         .arg(common::bin())
         .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
         .status()
         .expect("strace (installed by scripts/setup-deps)");
     assert!(status.success(), "{args:?} under strace: {status}");
@@ -403,19 +393,10 @@ fn no_sync_skips_fsync_only_when_asked() {
 /// escape sequences removed.
 fn on_terminal(dir: &Path, args: &str) -> String {
     let typescript = dir.join("typescript");
-    let mut cmd = std::process::Command::new("script");
-    for (key, value) in tpmcrypt(dir).get_envs() {
-        match value {
-            Some(v) => cmd.env(key, v),
-            None => cmd.env_remove(key),
-        };
-    }
-    let status = cmd
+    let status = common::wrapper(dir, "script")
         .args(["-q", "-e", "-c"])
         .arg(format!("{} {args}", common::bin().display()))
         .arg(&typescript)
-        .current_dir(dir)
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()
         .expect("script (util-linux)");

@@ -26,6 +26,20 @@ pub fn tpmcrypt(dir: &Path) -> Command {
     cmd
 }
 
+/// A command for `program` (e.g. strace) that will run the binary: the same
+/// directory and environment as [`tpmcrypt`].
+pub fn wrapper(dir: &Path, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    for (key, value) in tpmcrypt(dir).get_envs() {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    cmd.current_dir(dir).stdin(Stdio::null());
+    cmd
+}
+
 /// The result of a run.
 pub struct Run {
     pub code: i32,
