@@ -1419,13 +1419,12 @@ fn permissions_are_never_wider() {
     let sim_dir = store.join("simulator");
     assert_eq!(mode_of(&sim_dir), 0o700, "simulator state directory");
     checked += 1;
-    // swtpm picks its own file modes (0640/0660); the 0700 directory is
-    // what keeps others out, and no file in it is open to "others".
+    // swtpm's state files and lock file are 0600 too.
     for f in walk_files(&store) {
         let m = mode_of(&f);
         let name = f.to_string_lossy();
         if f.starts_with(&sim_dir) {
-            assert_eq!(m & 0o007, 0, "{name}: open to others ({m:o})");
+            assert_eq!(m, 0o600, "{name}: simulator state file ({m:o})");
         } else if name.ends_with(".key.pem") || name.ends_with(".json") {
             assert_eq!(m, 0o600, "{name}");
         } else {
