@@ -1189,10 +1189,15 @@ fn tpm_going_away_mid_run() {
     assert_eq!(res.code, TPM, "exit code; stderr: {}", res.stderr);
     let lines: Vec<&str> = res.stderr.lines().collect();
     assert_eq!(lines.len(), 3, "one line per failed file: {:?}", res.stderr);
+    // The TCTI given with --tpm, what was lost, and why now.
     for (line, f) in lines.iter().zip(["f1.tpmc", "f2.tpmc", "f3.tpmc"]) {
-        assert!(
-            line.starts_with(&format!("error: {f}: ")) && line.to_lowercase().contains("tpm"),
-            "unclear line {line:?}"
+        assert_eq!(
+            *line,
+            format!(
+                "error: {f}: TPM unreachable ({tcti}): connection lost during CreatePrimary \
+                 (storage root key); a new connection fails: connection refused"
+            ),
+            "TPM-gone line"
         );
     }
     assert!(fs::read(d.join("f0")).unwrap() == plain[0], "f0 decrypted");
@@ -1205,6 +1210,35 @@ fn tpm_going_away_mid_run() {
     }
     assert!(!d.join("f1").exists(), "output f1 written");
     assert!(partials_under(d).is_empty(), "temporaries left");
+    let gone_line = lines[0].to_string();
+
+    // Never reachable (swtpm is down): one line per file, exit 4.
+    let res = run(d, &["--tpm", &tcti, "decrypt", "f2.tpmc", "f3.tpmc"]);
+    assert_eq!(res.code, TPM, "unreachable: {}", res.stderr);
+    let lines: Vec<&str> = res.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per file: {:?}", res.stderr);
+    for (line, f) in lines.iter().zip(["f2.tpmc", "f3.tpmc"]) {
+        let want = format!(
+            "error: {f}: TPM unreachable ({tcti}): connection refused. Check that the TPM \
+             simulator runs at that address, or select another TPM with --tpm / TPMCRYPT_TCTI. "
+        );
+        assert!(
+            line.starts_with(&want),
+            "{line:?} does not start with {want:?}"
+        );
+        assert!(line.contains("--simulator"), "{line:?}");
+    }
+    let res = run(d, &["--tpm", &tcti, "key", "create", "k2"]);
+    assert_eq!(res.code, TPM, "key create, unreachable: {}", res.stderr);
+    let want = format!("error: TPM unreachable ({tcti}): connection refused. ");
+    assert!(
+        res.stderr.starts_with(&want) && res.stderr.lines().count() == 1,
+        "{:?} does not start with {want:?}",
+        res.stderr
+    );
+    assert!(!d.join("f2").exists() && !d.join("f3").exists(), "outputs");
+    assert!(partials_under(d).is_empty(), "temporaries left");
+    let unreachable_line = res.stderr.trim().to_string();
 
     // Same state, new ports: everything decrypts.
     fs::remove_file(d.join("f1.tpmc")).unwrap();
@@ -1235,8 +1269,8 @@ fn tpm_going_away_mid_run() {
         assert!(fs::read(d.join(format!("f{i}"))).unwrap() == *p, "f{i}");
     }
     println!(
-        "TPM gone mid-run: 1 file done before, 3 refused with exit 4 ({:?}), all 4 after restart",
-        lines[0]
+        "TPM gone mid-run: 1 file done before, 3 refused with exit 4 ({gone_line:?}); \
+         unreachable: {unreachable_line:?}; all 4 after restart"
     );
 }
 
