@@ -694,21 +694,42 @@ fn disk_full_leaves_nothing_behind() {
         let mut cmd = with_fsize_limit(tpmcrypt(d), 1 << 20);
         cmd.args(args).output().expect("spawn").into()
     };
+    // Each line names the output that could not be written, and whose
+    // data it was.
     let res = limited(&["encrypt", "-R", &r, "-o", "out.tpmc", "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit encrypt");
+    let of_big = "cannot write the ciphertext of big";
+    assert_one_error(
+        &res,
+        OTHER,
+        "out.tpmc",
+        &["file too large", of_big],
+        "rlimit encrypt",
+    );
     println!("RLIMIT_FSIZE: {}", res.stderr.trim());
     let res = limited(&["encrypt", "-R", &r, "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit encrypt");
+    assert_one_error(
+        &res,
+        OTHER,
+        "big.tpmc",
+        &["file too large", of_big],
+        "rlimit encrypt",
+    );
     let res = limited(&["decrypt", "-i", "id", "-o", "plain", "ct.tpmc"]);
     assert_one_error(
         &res,
         OTHER,
-        "ct.tpmc",
-        &["file too large"],
+        "plain",
+        &["file too large", "cannot write the plaintext of ct.tpmc"],
         "rlimit decrypt",
     );
     let res = limited(&["encrypt", "-R", &r, "-j", "2", "--in-place", "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit in-place");
+    assert_one_error(
+        &res,
+        OTHER,
+        "big.tpmc",
+        &["file too large", of_big],
+        "rlimit in-place",
+    );
     assert_eq!(
         listing(d),
         vec!["big", "ct.tpmc", "id"],
@@ -725,18 +746,30 @@ fn disk_full_leaves_nothing_behind() {
     assert_one_error(
         &res,
         OTHER,
-        "big",
-        &["no space left on device"],
+        f,
+        &["no space left on device", of_big],
         "ENOSPC encrypt",
     );
     println!("disk full: {}", res.stderr.trim());
     let res = run(d, &["decrypt", "-i", "id", "-o", "full/plain", "ct.tpmc"]);
-    assert_one_error(&res, OTHER, "ct.tpmc", &["no space left"], "ENOSPC decrypt");
+    assert_one_error(
+        &res,
+        OTHER,
+        "full/plain",
+        &["no space left", "cannot write the plaintext of ct.tpmc"],
+        "ENOSPC decrypt",
+    );
     // In place, on the full file system itself: the original survives.
     let middle = bytes(1200 << 10, 8);
     fs::write(d.join("full/f"), &middle).unwrap();
     let res = run(d, &["encrypt", "-R", &r, "--in-place", "full/f"]);
-    assert_one_error(&res, OTHER, "full/f", &["no space left"], "ENOSPC in-place");
+    assert_one_error(
+        &res,
+        OTHER,
+        "full/f.tpmc",
+        &["no space left", "cannot write the ciphertext of full/f"],
+        "ENOSPC in-place",
+    );
     assert!(
         fs::read(d.join("full/f")).unwrap() == middle,
         "original lost"
@@ -749,6 +782,37 @@ fn disk_full_leaves_nothing_behind() {
         full.used_kib()
     );
     assert!(fs::read(d.join("big")).unwrap() == big, "input changed");
+    // /dev/full as the output, and as stdout.
+    let res = run(d, &["encrypt", "-R", &r, "-o", "/dev/full", "big"]);
+    assert_one_error(
+        &res,
+        OTHER,
+        "/dev/full",
+        &["no space left", of_big],
+        "ENOSPC /dev/full",
+    );
+    let dev_full = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let res: Run = tpmcrypt(d)
+        .args(["decrypt", "-i", "id", "-o", "-", "ct.tpmc"])
+        .stdout(dev_full)
+        .output()
+        .expect("spawn")
+        .into();
+    assert_one_error(
+        &res,
+        OTHER,
+        "<stdout>",
+        &["no space left", "cannot write the plaintext of ct.tpmc"],
+        "ENOSPC stdout",
+    );
+    assert_eq!(
+        listing(d),
+        vec!["big", "ct.tpmc", "full", "id"],
+        "leftovers"
+    );
     // The same commands succeed once there is room.
     let small = bytes(100 << 10, 9);
     fs::write(d.join("small"), &small).unwrap();
@@ -759,7 +823,10 @@ fn disk_full_leaves_nothing_behind() {
     let back = run(d, &["decrypt", "-i", "id", "-o", "-", "full/s.tpmc"]);
     assert_ok(&back, "decrypt with room");
     assert!(back.stdout == small);
-    println!("disk full: 4 EFBIG (RLIMIT_FSIZE) and 3 ENOSPC (2 MiB tmpfs) runs refused cleanly");
+    println!(
+        "disk full: 4 EFBIG (RLIMIT_FSIZE), 3 ENOSPC (2 MiB tmpfs) and 2 ENOSPC (/dev/full) runs \
+         refused cleanly, each line naming the output"
+    );
 }
 
 // ---------------------------------------------------------------- 3. key never on disk
