@@ -3,7 +3,8 @@
 //! boundary, segments dropped, duplicated, reordered or spliced from another
 //! file, hostile headers; a full disk; the session key looked for on disk;
 //! the agent's peer-uid check against another user; the TPM going away in
-//! the middle of a run; two runs racing for one output; output permissions.
+//! the middle of a run; two runs racing for one output; output permissions;
+//! kill -9 of `encrypt -o` / `decrypt -o` at random moments.
 //!
 //! swtpm, tpm2-tools and python3 are required, and so is root (to mount a
 //! tmpfs and to run a client as another uid): without them the tests FAIL,
@@ -1534,4 +1535,181 @@ fn permissions_are_never_wider() {
         checked += 1;
     }
     println!("permissions: {checked} modes checked with umask 0");
+}
+
+// ---------------------------------------------------------------- 8. kill -9 with -o
+
+/// xorshift64, so the kill moments reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// Decrypts `path` in this process with the recovery identity in `id_text`.
+fn decrypt_in_process(id_text: &str, path: &Path) -> Vec<u8> {
+    use tpmcrypt_cipher::recovery::RecoveryKey;
+    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
+    let identity: Box<dyn Identity> = Box::new(
+        RecoveryKey::parse(id_text)
+            .expect("identity")
+            .into_identity()
+            .expect("identity"),
+    );
+    let mut out = Vec::new();
+    Decryptor::new(vec![identity])
+        .decrypt(
+            fs::File::open(path).unwrap(),
+            &mut out,
+            &StreamOptions::sequential(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    out
+}
+
+/// What one kill -9 loop saw.
+#[derive(Default, Debug)]
+struct KillCounts {
+    trials: usize,
+    /// Killed while writing: a temporary left, nothing under the final name.
+    mid_write: usize,
+    /// Killed before the output was started.
+    before: usize,
+    /// The run had finished (or was past its rename).
+    done: usize,
+}
+
+/// `encrypt -o OUT IN` and `decrypt -o OUT IN` (not in place) killed with
+/// SIGKILL at random moments (self-adjusting delay so that kills land
+/// while the output is written): after each kill OUT is absent or complete
+/// and correct byte for byte — never partial —, the input is unchanged,
+/// and a temporary left by the kill (`.OUT.tpmcrypt-partial.PID.*`) is
+/// removed by the next run, which then writes OUT completely.
+#[test]
+fn kill_9_during_encrypt_and_decrypt_to_an_output() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    let id_text = fs::read_to_string(d.join("id")).unwrap();
+    let plain = bytes(16 << 20, 81);
+    fs::write(d.join("plain"), &plain).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "ct.tpmc", "plain"]),
+        "encrypt the decrypt loop's input",
+    );
+    let ct = fs::read(d.join("ct.tpmc")).unwrap();
+    let want = common::kill_trials();
+    let mut rng = Rng(0x6b11_9d1e_0a5e_ed01);
+    let started = Instant::now();
+    let mut report = Vec::new();
+    for op in ["encrypt", "decrypt"] {
+        let out_dir = d.join(format!("out-{op}"));
+        fs::create_dir(&out_dir).unwrap();
+        let out = out_dir.join("OUT");
+        let out_s = out.to_str().unwrap().to_string();
+        let (args, input, input_bytes): (Vec<&str>, &str, &[u8]) = if op == "encrypt" {
+            (
+                vec!["encrypt", "-q", "-R", &r, "-o", &out_s, "plain"],
+                "plain",
+                &plain,
+            )
+        } else {
+            (
+                vec!["decrypt", "-q", "-i", "id", "-o", &out_s, "ct.tpmc"],
+                "ct.tpmc",
+                &ct,
+            )
+        };
+        // OUT as it must be when present: the plaintext, or a ciphertext
+        // that decrypts to it.
+        let check_out = |what: &str| {
+            let got = if op == "encrypt" {
+                decrypt_in_process(&id_text, &out)
+            } else {
+                fs::read(&out).unwrap()
+            };
+            assert!(
+                got == plain,
+                "{op}, {what}: OUT is not complete and correct"
+            );
+        };
+        let mut n = KillCounts::default();
+        let mut bound_us = 30_000u64;
+        while n.trials < want || (n.mid_write == 0 && n.trials < 3 * want) {
+            n.trials += 1;
+            let t = n.trials;
+            let mut child = tpmcrypt(d)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn tpmcrypt");
+            std::thread::sleep(Duration::from_micros(rng.below(bound_us)));
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+
+            assert!(
+                fs::read(d.join(input)).unwrap() == input_bytes,
+                "{op} trial {t}: input changed"
+            );
+            let names = listing(&out_dir);
+            let partial_prefix = format!(".OUT{PARTIAL_MARKER}");
+            let partials = names
+                .iter()
+                .filter(|n| n.starts_with(&partial_prefix))
+                .count();
+            assert!(
+                names
+                    .iter()
+                    .all(|n| n == "OUT" || n.starts_with(&partial_prefix)),
+                "{op} trial {t}: unexpected files {names:?}"
+            );
+            if out.exists() {
+                check_out(&format!("trial {t}"));
+                assert_eq!(partials, 0, "{op} trial {t}: temporary beside OUT");
+                n.done += 1;
+                bound_us = (bound_us * 2 / 3).max(1000);
+                fs::remove_file(&out).unwrap();
+                continue;
+            }
+            assert!(
+                !status.success(),
+                "{op} trial {t}: exit 0 without an output"
+            );
+            if partials == 0 {
+                n.before += 1;
+                bound_us = (bound_us * 3 / 2).min(2_000_000);
+                continue;
+            }
+            // Killed mid-write: the next run cleans up and succeeds.
+            n.mid_write += 1;
+            assert_ok(&run(d, &args), &format!("{op} trial {t}: next run"));
+            check_out(&format!("trial {t}, next run"));
+            assert_eq!(
+                listing(&out_dir),
+                vec!["OUT"],
+                "{op} trial {t}: the next run left temporaries"
+            );
+            fs::remove_file(&out).unwrap();
+        }
+        assert!(
+            n.mid_write > 0,
+            "{op}: no kill landed while the output was written in {} trials",
+            n.trials
+        );
+        report.push(format!(
+            "{op} -o: {} trials, {} killed mid-write (temporary cleaned by the next run), \
+             {} before the output, {} after it was complete",
+            n.trials, n.mid_write, n.before, n.done
+        ));
+    }
+    for line in &report {
+        println!("kill -9 {line}");
+    }
+    println!("kill -9 -o loops: {:.1} s", started.elapsed().as_secs_f64());
 }
