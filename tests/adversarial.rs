@@ -4,7 +4,8 @@
 //! file, hostile headers; a full disk; the session key looked for on disk;
 //! the agent's peer-uid check against another user; the TPM going away in
 //! the middle of a run; two runs racing for one output; output permissions;
-//! kill -9 of `encrypt -o` / `decrypt -o` at random moments.
+//! kill -9 of `encrypt -o` / `decrypt -o` at random moments; a TPM reset
+//! under PCR-bound keys; dictionary-attack lockout.
 //!
 //! swtpm, tpm2-tools and python3 are required, and so is root (to mount a
 //! tmpfs and to run a client as another uid): without them the tests FAIL,
@@ -1712,4 +1713,256 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
         println!("kill -9 {line}");
     }
     println!("kill -9 -o loops: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------- 9. TPM reset, DA lockout
+
+/// Runs a tpm2-tools command against `sim`; a missing tool or a failure
+/// fails the test. Returns stdout.
+fn tpm2_tool(sim: &Simulator, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .env("TPM2TOOLS_TCTI", sim.tcti())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Transient objects and sessions the TPM still holds.
+fn tpm_handles(sim: &Simulator, dir: &Path) -> Vec<String> {
+    ["handles-transient", "handles-loaded-session"]
+        .iter()
+        .flat_map(|cap| {
+            tpm2_tool(sim, dir, &["tpm2_getcap", cap])
+                .lines()
+                .filter(|l| l.contains("0x"))
+                .map(|l| format!("{cap}: {}", l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// After a refused run: every ciphertext unchanged, no output, no
+/// temporary, nothing left loaded in the TPM.
+fn assert_nothing_lost(d: &Path, sim: &Simulator, cts: &[(String, Vec<u8>)], what: &str) {
+    for (name, data) in cts {
+        assert!(
+            fs::read(d.join(name)).unwrap() == *data,
+            "{what}: {name} changed"
+        );
+        let out = name.strip_suffix(".tpmc").expect("a .tpmc name");
+        assert!(!d.join(out).exists(), "{what}: output {out} written");
+    }
+    assert!(partials_under(d).is_empty(), "{what}: temporaries left");
+    let held = tpm_handles(sim, d);
+    assert!(held.is_empty(), "{what}: the TPM still holds {held:?}");
+}
+
+/// The value extended into the PCR before the keys are created.
+const PCR16_EXTEND: &str =
+    "16:sha256=5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A TPM reset (swtpm stopped and started on the same state: PCRs back to
+/// their reset value) under keys bound to an extended PCR: decrypt exits 4
+/// with one line per file naming the PCR mismatch, writes nothing, leaves
+/// the inputs and the TPM clean; extending the PCR to the same value again
+/// makes every file decrypt.
+#[test]
+fn tpm_reset_clears_the_pcr_and_re_extending_restores_access() {
+    let dir = scratch();
+    let d = dir.path();
+    let state = d.join("swtpm");
+    let sim = Simulator::start(&state)
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"));
+    tpm2_tool(&sim, d, &["tpm2_pcrextend", PCR16_EXTEND]);
+    let extended = tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]);
+    for (name, alg) in [("e", "ecc-p256"), ("r", "rsa2048")] {
+        let res = run(
+            d,
+            &[
+                "--tpm",
+                &sim.tcti(),
+                "key",
+                "create",
+                name,
+                "--alg",
+                alg,
+                "--pcrs",
+                "sha256:16",
+            ],
+        );
+        assert_ok(&res, &format!("key create {name}"));
+    }
+    let plain: Vec<Vec<u8>> = (0..2).map(|i| bytes(40_000 + i, 90 + i as u64)).collect();
+    for (i, key) in ["e", "r"].iter().enumerate() {
+        fs::write(d.join(format!("f{i}")), &plain[i]).unwrap();
+        assert_ok(
+            &run(d, &["encrypt", "--key", key, &format!("f{i}")]),
+            "encrypt",
+        );
+        fs::remove_file(d.join(format!("f{i}"))).unwrap();
+    }
+    let cts: Vec<(String, Vec<u8>)> = (0..2)
+        .map(|i| {
+            let name = format!("f{i}.tpmc");
+            let data = fs::read(d.join(&name)).unwrap();
+            (name, data)
+        })
+        .collect();
+    let res = run(d, &["--tpm", &sim.tcti(), "decrypt", "-o", "-", "f0.tpmc"]);
+    assert_ok(&res, "decrypt before the reset");
+    assert!(res.stdout == plain[0]);
+
+    // Power cycle: same state directory, PCRs back to zero.
+    sim.stop();
+    let sim = Simulator::start(&state).expect("restart swtpm");
+    let tcti = sim.tcti();
+    let after = tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]);
+    assert_ne!(after, extended, "PCR 16 survived the reset");
+    assert!(after.contains(&format!("0x{}", "0".repeat(64))), "{after}");
+
+    let started = Instant::now();
+    let res = run(d, &["--tpm", &tcti, "decrypt", "f0.tpmc", "f1.tpmc"]);
+    let took = started.elapsed();
+    assert_eq!(res.code, TPM, "after the reset: {}", res.stderr);
+    let lines: Vec<&str> = res.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per file: {:?}", res.stderr);
+    for (line, f) in lines.iter().zip(["f0.tpmc", "f1.tpmc"]) {
+        let want = format!(
+            "error: {f}: the PCR values changed since the key was created (key is bound to \
+             PCRs sha256:16); the TPM refuses to use it in the current boot state."
+        );
+        assert!(line.starts_with(&want), "{line:?} is not {want:?}…");
+    }
+    assert_nothing_lost(d, &sim, &cts, "after the reset");
+
+    // The same measurement again: the keys work.
+    tpm2_tool(&sim, d, &["tpm2_pcrextend", PCR16_EXTEND]);
+    assert_eq!(tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]), extended);
+    let res = run(d, &["--tpm", &tcti, "-v", "decrypt", "f0.tpmc", "f1.tpmc"]);
+    assert_ok(&res, "decrypt after re-extending");
+    assert!(res.stderr.contains("2 TPM unbind(s)"), "{}", res.stderr);
+    for (i, p) in plain.iter().enumerate() {
+        assert!(fs::read(d.join(format!("f{i}"))).unwrap() == *p, "f{i}");
+    }
+    assert!(tpm_handles(&sim, d).is_empty(), "handles after success");
+    println!(
+        "TPM reset: PCR 16 back to 0, 2 files (ECC and RSA keys) refused with exit 4 in \
+         {:.2} s ({:?}); after re-extending, both decrypt",
+        took.as_secs_f64(),
+        lines[0]
+    );
+}
+
+/// Wrong PINs until the TPM locks out (max-tries 2): every run exits 4
+/// with one line (wrong PIN, then lockout, also for the right PIN), writes
+/// nothing, changes no input and leaves the TPM clean; once the lockout is
+/// cleared (`tpm2_dictionarylockout --clear-lockout`), the next run with
+/// the right PIN decrypts everything.
+#[test]
+fn dictionary_attack_lockout_loses_nothing_and_the_next_run_works() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = Simulator::start(&d.join("swtpm"))
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"));
+    let tcti = sim.tcti();
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_dictionarylockout",
+            "--setup-parameters",
+            "--max-tries=2",
+            "--recovery-time=600",
+            "--lockout-recovery-time=600",
+        ],
+    );
+    let res: Run = tpmcrypt(d)
+        .args(["--tpm", &tcti, "key", "create", "p", "--pin"])
+        .env("TPMCRYPT_PIN", "7391")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&res, "key create --pin");
+    let plain = [bytes(30_000, 95), bytes(70_000, 96)];
+    fs::write(d.join("a"), &plain[0]).unwrap();
+    fs::write(d.join("b"), &plain[1]).unwrap();
+    assert_ok(&run(d, &["encrypt", "--key", "p", "a"]), "encrypt a");
+    assert_ok(&run(d, &["encrypt", "--key", "p", "b"]), "encrypt b");
+    fs::remove_file(d.join("a")).unwrap();
+    fs::remove_file(d.join("b")).unwrap();
+    let cts: Vec<(String, Vec<u8>)> = ["a.tpmc", "b.tpmc"]
+        .iter()
+        .map(|n| (n.to_string(), fs::read(d.join(n)).unwrap()))
+        .collect();
+    let decrypt = |pin: &str| -> Run {
+        tpmcrypt(d)
+            .args(["--tpm", &tcti, "decrypt", "a.tpmc"])
+            .env("TPMCRYPT_PIN", pin)
+            .output()
+            .expect("spawn")
+            .into()
+    };
+
+    let mut wrong = 0;
+    let lockout = loop {
+        let res = decrypt("0000");
+        assert_nothing_lost(d, &sim, &cts, &format!("wrong PIN #{}", wrong + 1));
+        if res.stderr.contains("is in dictionary-attack lockout") {
+            break res;
+        }
+        assert_one_error(
+            &res,
+            TPM,
+            "a.tpmc",
+            &["wrong PIN for this key"],
+            "wrong PIN",
+        );
+        wrong += 1;
+        assert!(
+            wrong <= 2,
+            "no lockout after {wrong} wrong PINs (max-tries 2)"
+        );
+    };
+    assert_eq!(wrong, 2, "lockout after exactly max-tries wrong PINs");
+    assert_one_error_inner(
+        &lockout,
+        TPM,
+        "a.tpmc",
+        &["is in dictionary-attack lockout", "600 seconds"],
+        "lockout",
+    );
+    let res = decrypt("7391");
+    assert_one_error_inner(
+        &res,
+        TPM,
+        "a.tpmc",
+        &["is in dictionary-attack lockout"],
+        "right PIN during lockout",
+    );
+    assert_nothing_lost(d, &sim, &cts, "right PIN during lockout");
+
+    tpm2_tool(&sim, d, &["tpm2_dictionarylockout", "--clear-lockout"]);
+    let res: Run = tpmcrypt(d)
+        .args(["--tpm", &tcti, "-v", "decrypt", "a.tpmc", "b.tpmc"])
+        .env("TPMCRYPT_PIN", "7391")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&res, "decrypt after the lockout is cleared");
+    assert!(fs::read(d.join("a")).unwrap() == plain[0], "a");
+    assert!(fs::read(d.join("b")).unwrap() == plain[1], "b");
+    assert!(tpm_handles(&sim, d).is_empty(), "handles after success");
+    println!(
+        "DA lockout: {wrong} wrong PINs, then lockout ({:?}) also for the right PIN; \
+         nothing written or lost; after --clear-lockout both files decrypt",
+        lockout.stderr.trim()
+    );
 }
