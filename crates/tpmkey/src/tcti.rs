@@ -51,7 +51,7 @@ impl Tcti {
     /// not: connects to a simulator's command port, opens a device. `Ok`
     /// when that works (or cannot be checked, for tabrmd); otherwise the
     /// cause, e.g. "connection refused" or "/dev/tpmrm0: permission denied".
-    pub fn probe(&self) -> std::result::Result<(), String> {
+    pub(crate) fn probe(&self) -> std::result::Result<(), String> {
         use std::net::{TcpStream, ToSocketAddrs};
         use std::time::Duration;
         match self {
