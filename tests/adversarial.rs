@@ -3,7 +3,9 @@
 //! boundary, segments dropped, duplicated, reordered or spliced from another
 //! file, hostile headers; a full disk; the session key looked for on disk;
 //! the agent's peer-uid check against another user; the TPM going away in
-//! the middle of a run; two runs racing for one output; output permissions.
+//! the middle of a run; two runs racing for one output; output permissions;
+//! kill -9 of `encrypt -o` / `decrypt -o` at random moments; a TPM reset
+//! under PCR-bound keys; dictionary-attack lockout.
 //!
 //! swtpm, tpm2-tools and python3 are required, and so is root (to mount a
 //! tmpfs and to run a client as another uid): without them the tests FAIL,
@@ -694,21 +696,42 @@ fn disk_full_leaves_nothing_behind() {
         let mut cmd = with_fsize_limit(tpmcrypt(d), 1 << 20);
         cmd.args(args).output().expect("spawn").into()
     };
+    // Each line names the output that could not be written, and whose
+    // data it was.
     let res = limited(&["encrypt", "-R", &r, "-o", "out.tpmc", "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit encrypt");
+    let of_big = "cannot write the ciphertext of big";
+    assert_one_error(
+        &res,
+        OTHER,
+        "out.tpmc",
+        &["file too large", of_big],
+        "rlimit encrypt",
+    );
     println!("RLIMIT_FSIZE: {}", res.stderr.trim());
     let res = limited(&["encrypt", "-R", &r, "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit encrypt");
+    assert_one_error(
+        &res,
+        OTHER,
+        "big.tpmc",
+        &["file too large", of_big],
+        "rlimit encrypt",
+    );
     let res = limited(&["decrypt", "-i", "id", "-o", "plain", "ct.tpmc"]);
     assert_one_error(
         &res,
         OTHER,
-        "ct.tpmc",
-        &["file too large"],
+        "plain",
+        &["file too large", "cannot write the plaintext of ct.tpmc"],
         "rlimit decrypt",
     );
     let res = limited(&["encrypt", "-R", &r, "-j", "2", "--in-place", "big"]);
-    assert_one_error(&res, OTHER, "big", &["file too large"], "rlimit in-place");
+    assert_one_error(
+        &res,
+        OTHER,
+        "big.tpmc",
+        &["file too large", of_big],
+        "rlimit in-place",
+    );
     assert_eq!(
         listing(d),
         vec!["big", "ct.tpmc", "id"],
@@ -725,18 +748,30 @@ fn disk_full_leaves_nothing_behind() {
     assert_one_error(
         &res,
         OTHER,
-        "big",
-        &["no space left on device"],
+        f,
+        &["no space left on device", of_big],
         "ENOSPC encrypt",
     );
     println!("disk full: {}", res.stderr.trim());
     let res = run(d, &["decrypt", "-i", "id", "-o", "full/plain", "ct.tpmc"]);
-    assert_one_error(&res, OTHER, "ct.tpmc", &["no space left"], "ENOSPC decrypt");
+    assert_one_error(
+        &res,
+        OTHER,
+        "full/plain",
+        &["no space left", "cannot write the plaintext of ct.tpmc"],
+        "ENOSPC decrypt",
+    );
     // In place, on the full file system itself: the original survives.
     let middle = bytes(1200 << 10, 8);
     fs::write(d.join("full/f"), &middle).unwrap();
     let res = run(d, &["encrypt", "-R", &r, "--in-place", "full/f"]);
-    assert_one_error(&res, OTHER, "full/f", &["no space left"], "ENOSPC in-place");
+    assert_one_error(
+        &res,
+        OTHER,
+        "full/f.tpmc",
+        &["no space left", "cannot write the ciphertext of full/f"],
+        "ENOSPC in-place",
+    );
     assert!(
         fs::read(d.join("full/f")).unwrap() == middle,
         "original lost"
@@ -749,6 +784,37 @@ fn disk_full_leaves_nothing_behind() {
         full.used_kib()
     );
     assert!(fs::read(d.join("big")).unwrap() == big, "input changed");
+    // /dev/full as the output, and as stdout.
+    let res = run(d, &["encrypt", "-R", &r, "-o", "/dev/full", "big"]);
+    assert_one_error(
+        &res,
+        OTHER,
+        "/dev/full",
+        &["no space left", of_big],
+        "ENOSPC /dev/full",
+    );
+    let dev_full = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let res: Run = tpmcrypt(d)
+        .args(["decrypt", "-i", "id", "-o", "-", "ct.tpmc"])
+        .stdout(dev_full)
+        .output()
+        .expect("spawn")
+        .into();
+    assert_one_error(
+        &res,
+        OTHER,
+        "<stdout>",
+        &["no space left", "cannot write the plaintext of ct.tpmc"],
+        "ENOSPC stdout",
+    );
+    assert_eq!(
+        listing(d),
+        vec!["big", "ct.tpmc", "full", "id"],
+        "leftovers"
+    );
     // The same commands succeed once there is room.
     let small = bytes(100 << 10, 9);
     fs::write(d.join("small"), &small).unwrap();
@@ -759,7 +825,10 @@ fn disk_full_leaves_nothing_behind() {
     let back = run(d, &["decrypt", "-i", "id", "-o", "-", "full/s.tpmc"]);
     assert_ok(&back, "decrypt with room");
     assert!(back.stdout == small);
-    println!("disk full: 4 EFBIG (RLIMIT_FSIZE) and 3 ENOSPC (2 MiB tmpfs) runs refused cleanly");
+    println!(
+        "disk full: 4 EFBIG (RLIMIT_FSIZE), 3 ENOSPC (2 MiB tmpfs) and 2 ENOSPC (/dev/full) runs \
+         refused cleanly, each line naming the output"
+    );
 }
 
 // ---------------------------------------------------------------- 3. key never on disk
@@ -1189,10 +1258,15 @@ fn tpm_going_away_mid_run() {
     assert_eq!(res.code, TPM, "exit code; stderr: {}", res.stderr);
     let lines: Vec<&str> = res.stderr.lines().collect();
     assert_eq!(lines.len(), 3, "one line per failed file: {:?}", res.stderr);
+    // The TCTI given with --tpm, what was lost, and why now.
     for (line, f) in lines.iter().zip(["f1.tpmc", "f2.tpmc", "f3.tpmc"]) {
-        assert!(
-            line.starts_with(&format!("error: {f}: ")) && line.to_lowercase().contains("tpm"),
-            "unclear line {line:?}"
+        assert_eq!(
+            *line,
+            format!(
+                "error: {f}: TPM unreachable ({tcti}): connection lost during CreatePrimary \
+                 (storage root key); a new connection fails: connection refused"
+            ),
+            "TPM-gone line"
         );
     }
     assert!(fs::read(d.join("f0")).unwrap() == plain[0], "f0 decrypted");
@@ -1205,6 +1279,35 @@ fn tpm_going_away_mid_run() {
     }
     assert!(!d.join("f1").exists(), "output f1 written");
     assert!(partials_under(d).is_empty(), "temporaries left");
+    let gone_line = lines[0].to_string();
+
+    // Never reachable (swtpm is down): one line per file, exit 4.
+    let res = run(d, &["--tpm", &tcti, "decrypt", "f2.tpmc", "f3.tpmc"]);
+    assert_eq!(res.code, TPM, "unreachable: {}", res.stderr);
+    let lines: Vec<&str> = res.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per file: {:?}", res.stderr);
+    for (line, f) in lines.iter().zip(["f2.tpmc", "f3.tpmc"]) {
+        let want = format!(
+            "error: {f}: TPM unreachable ({tcti}): connection refused. Check that the TPM \
+             simulator runs at that address, or select another TPM with --tpm / TPMCRYPT_TCTI. "
+        );
+        assert!(
+            line.starts_with(&want),
+            "{line:?} does not start with {want:?}"
+        );
+        assert!(line.contains("--simulator"), "{line:?}");
+    }
+    let res = run(d, &["--tpm", &tcti, "key", "create", "k2"]);
+    assert_eq!(res.code, TPM, "key create, unreachable: {}", res.stderr);
+    let want = format!("error: TPM unreachable ({tcti}): connection refused. ");
+    assert!(
+        res.stderr.starts_with(&want) && res.stderr.lines().count() == 1,
+        "{:?} does not start with {want:?}",
+        res.stderr
+    );
+    assert!(!d.join("f2").exists() && !d.join("f3").exists(), "outputs");
+    assert!(partials_under(d).is_empty(), "temporaries left");
+    let unreachable_line = res.stderr.trim().to_string();
 
     // Same state, new ports: everything decrypts.
     fs::remove_file(d.join("f1.tpmc")).unwrap();
@@ -1235,8 +1338,8 @@ fn tpm_going_away_mid_run() {
         assert!(fs::read(d.join(format!("f{i}"))).unwrap() == *p, "f{i}");
     }
     println!(
-        "TPM gone mid-run: 1 file done before, 3 refused with exit 4 ({:?}), all 4 after restart",
-        lines[0]
+        "TPM gone mid-run: 1 file done before, 3 refused with exit 4 ({gone_line:?}); \
+         unreachable: {unreachable_line:?}; all 4 after restart"
     );
 }
 
@@ -1419,13 +1522,12 @@ fn permissions_are_never_wider() {
     let sim_dir = store.join("simulator");
     assert_eq!(mode_of(&sim_dir), 0o700, "simulator state directory");
     checked += 1;
-    // swtpm picks its own file modes (0640/0660); the 0700 directory is
-    // what keeps others out, and no file in it is open to "others".
+    // swtpm's state files and lock file are 0600 too.
     for f in walk_files(&store) {
         let m = mode_of(&f);
         let name = f.to_string_lossy();
         if f.starts_with(&sim_dir) {
-            assert_eq!(m & 0o007, 0, "{name}: open to others ({m:o})");
+            assert_eq!(m, 0o600, "{name}: simulator state file ({m:o})");
         } else if name.ends_with(".key.pem") || name.ends_with(".json") {
             assert_eq!(m, 0o600, "{name}");
         } else {
@@ -1434,4 +1536,433 @@ fn permissions_are_never_wider() {
         checked += 1;
     }
     println!("permissions: {checked} modes checked with umask 0");
+}
+
+// ---------------------------------------------------------------- 8. kill -9 with -o
+
+/// xorshift64, so the kill moments reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+/// Decrypts `path` in this process with the recovery identity in `id_text`.
+fn decrypt_in_process(id_text: &str, path: &Path) -> Vec<u8> {
+    use tpmcrypt_cipher::recovery::RecoveryKey;
+    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
+    let identity: Box<dyn Identity> = Box::new(
+        RecoveryKey::parse(id_text)
+            .expect("identity")
+            .into_identity()
+            .expect("identity"),
+    );
+    let mut out = Vec::new();
+    Decryptor::new(vec![identity])
+        .decrypt(
+            fs::File::open(path).unwrap(),
+            &mut out,
+            &StreamOptions::sequential(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    out
+}
+
+/// What one kill -9 loop saw.
+#[derive(Default, Debug)]
+struct KillCounts {
+    trials: usize,
+    /// Killed while writing: a temporary left, nothing under the final name.
+    mid_write: usize,
+    /// Killed before the output was started.
+    before: usize,
+    /// The run had finished (or was past its rename).
+    done: usize,
+}
+
+/// `encrypt -o OUT IN` and `decrypt -o OUT IN` (not in place) killed with
+/// SIGKILL at random moments (self-adjusting delay so that kills land
+/// while the output is written): after each kill OUT is absent or complete
+/// and correct byte for byte — never partial —, the input is unchanged,
+/// and a temporary left by the kill (`.OUT.tpmcrypt-partial.PID.*`) is
+/// removed by the next run, which then writes OUT completely.
+#[test]
+fn kill_9_during_encrypt_and_decrypt_to_an_output() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    let id_text = fs::read_to_string(d.join("id")).unwrap();
+    let plain = bytes(16 << 20, 81);
+    fs::write(d.join("plain"), &plain).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "ct.tpmc", "plain"]),
+        "encrypt the decrypt loop's input",
+    );
+    let ct = fs::read(d.join("ct.tpmc")).unwrap();
+    let want = common::kill_trials();
+    let mut rng = Rng(0x6b11_9d1e_0a5e_ed01);
+    let started = Instant::now();
+    let mut report = Vec::new();
+    for op in ["encrypt", "decrypt"] {
+        let out_dir = d.join(format!("out-{op}"));
+        fs::create_dir(&out_dir).unwrap();
+        let out = out_dir.join("OUT");
+        let out_s = out.to_str().unwrap().to_string();
+        let (args, input, input_bytes): (Vec<&str>, &str, &[u8]) = if op == "encrypt" {
+            (
+                vec!["encrypt", "-q", "-R", &r, "-o", &out_s, "plain"],
+                "plain",
+                &plain,
+            )
+        } else {
+            (
+                vec!["decrypt", "-q", "-i", "id", "-o", &out_s, "ct.tpmc"],
+                "ct.tpmc",
+                &ct,
+            )
+        };
+        // OUT as it must be when present: the plaintext, or a ciphertext
+        // that decrypts to it.
+        let check_out = |what: &str| {
+            let got = if op == "encrypt" {
+                decrypt_in_process(&id_text, &out)
+            } else {
+                fs::read(&out).unwrap()
+            };
+            assert!(
+                got == plain,
+                "{op}, {what}: OUT is not complete and correct"
+            );
+        };
+        let mut n = KillCounts::default();
+        let mut bound_us = 30_000u64;
+        while n.trials < want || (n.mid_write == 0 && n.trials < 3 * want) {
+            n.trials += 1;
+            let t = n.trials;
+            let mut child = tpmcrypt(d)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn tpmcrypt");
+            std::thread::sleep(Duration::from_micros(rng.below(bound_us)));
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+
+            assert!(
+                fs::read(d.join(input)).unwrap() == input_bytes,
+                "{op} trial {t}: input changed"
+            );
+            let names = listing(&out_dir);
+            let partial_prefix = format!(".OUT{PARTIAL_MARKER}");
+            let partials = names
+                .iter()
+                .filter(|n| n.starts_with(&partial_prefix))
+                .count();
+            assert!(
+                names
+                    .iter()
+                    .all(|n| n == "OUT" || n.starts_with(&partial_prefix)),
+                "{op} trial {t}: unexpected files {names:?}"
+            );
+            if out.exists() {
+                check_out(&format!("trial {t}"));
+                assert_eq!(partials, 0, "{op} trial {t}: temporary beside OUT");
+                n.done += 1;
+                bound_us = (bound_us * 2 / 3).max(1000);
+                fs::remove_file(&out).unwrap();
+                continue;
+            }
+            assert!(
+                !status.success(),
+                "{op} trial {t}: exit 0 without an output"
+            );
+            if partials == 0 {
+                n.before += 1;
+                bound_us = (bound_us * 3 / 2).min(2_000_000);
+                continue;
+            }
+            // Killed mid-write: the next run cleans up and succeeds.
+            n.mid_write += 1;
+            assert_ok(&run(d, &args), &format!("{op} trial {t}: next run"));
+            check_out(&format!("trial {t}, next run"));
+            assert_eq!(
+                listing(&out_dir),
+                vec!["OUT"],
+                "{op} trial {t}: the next run left temporaries"
+            );
+            fs::remove_file(&out).unwrap();
+        }
+        assert!(
+            n.mid_write > 0,
+            "{op}: no kill landed while the output was written in {} trials",
+            n.trials
+        );
+        report.push(format!(
+            "{op} -o: {} trials, {} killed mid-write (temporary cleaned by the next run), \
+             {} before the output, {} after it was complete",
+            n.trials, n.mid_write, n.before, n.done
+        ));
+    }
+    for line in &report {
+        println!("kill -9 {line}");
+    }
+    println!("kill -9 -o loops: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------- 9. TPM reset, DA lockout
+
+/// Runs a tpm2-tools command against `sim`; a missing tool or a failure
+/// fails the test. Returns stdout.
+fn tpm2_tool(sim: &Simulator, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .env("TPM2TOOLS_TCTI", sim.tcti())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Transient objects and sessions the TPM still holds.
+fn tpm_handles(sim: &Simulator, dir: &Path) -> Vec<String> {
+    ["handles-transient", "handles-loaded-session"]
+        .iter()
+        .flat_map(|cap| {
+            tpm2_tool(sim, dir, &["tpm2_getcap", cap])
+                .lines()
+                .filter(|l| l.contains("0x"))
+                .map(|l| format!("{cap}: {}", l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// After a refused run: every ciphertext unchanged, no output, no
+/// temporary, nothing left loaded in the TPM.
+fn assert_nothing_lost(d: &Path, sim: &Simulator, cts: &[(String, Vec<u8>)], what: &str) {
+    for (name, data) in cts {
+        assert!(
+            fs::read(d.join(name)).unwrap() == *data,
+            "{what}: {name} changed"
+        );
+        let out = name.strip_suffix(".tpmc").expect("a .tpmc name");
+        assert!(!d.join(out).exists(), "{what}: output {out} written");
+    }
+    assert!(partials_under(d).is_empty(), "{what}: temporaries left");
+    let held = tpm_handles(sim, d);
+    assert!(held.is_empty(), "{what}: the TPM still holds {held:?}");
+}
+
+/// The value extended into the PCR before the keys are created.
+const PCR16_EXTEND: &str =
+    "16:sha256=5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A TPM reset (swtpm stopped and started on the same state: PCRs back to
+/// their reset value) under keys bound to an extended PCR: decrypt exits 4
+/// with one line per file naming the PCR mismatch, writes nothing, leaves
+/// the inputs and the TPM clean; extending the PCR to the same value again
+/// makes every file decrypt.
+#[test]
+fn tpm_reset_clears_the_pcr_and_re_extending_restores_access() {
+    let dir = scratch();
+    let d = dir.path();
+    let state = d.join("swtpm");
+    let sim = Simulator::start(&state)
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"));
+    tpm2_tool(&sim, d, &["tpm2_pcrextend", PCR16_EXTEND]);
+    let extended = tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]);
+    for (name, alg) in [("e", "ecc-p256"), ("r", "rsa2048")] {
+        let res = run(
+            d,
+            &[
+                "--tpm",
+                &sim.tcti(),
+                "key",
+                "create",
+                name,
+                "--alg",
+                alg,
+                "--pcrs",
+                "sha256:16",
+            ],
+        );
+        assert_ok(&res, &format!("key create {name}"));
+    }
+    let plain: Vec<Vec<u8>> = (0..2).map(|i| bytes(40_000 + i, 90 + i as u64)).collect();
+    for (i, key) in ["e", "r"].iter().enumerate() {
+        fs::write(d.join(format!("f{i}")), &plain[i]).unwrap();
+        assert_ok(
+            &run(d, &["encrypt", "--key", key, &format!("f{i}")]),
+            "encrypt",
+        );
+        fs::remove_file(d.join(format!("f{i}"))).unwrap();
+    }
+    let cts: Vec<(String, Vec<u8>)> = (0..2)
+        .map(|i| {
+            let name = format!("f{i}.tpmc");
+            let data = fs::read(d.join(&name)).unwrap();
+            (name, data)
+        })
+        .collect();
+    let res = run(d, &["--tpm", &sim.tcti(), "decrypt", "-o", "-", "f0.tpmc"]);
+    assert_ok(&res, "decrypt before the reset");
+    assert!(res.stdout == plain[0]);
+
+    // Power cycle: same state directory, PCRs back to zero.
+    sim.stop();
+    let sim = Simulator::start(&state).expect("restart swtpm");
+    let tcti = sim.tcti();
+    let after = tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]);
+    assert_ne!(after, extended, "PCR 16 survived the reset");
+    assert!(after.contains(&format!("0x{}", "0".repeat(64))), "{after}");
+
+    let started = Instant::now();
+    let res = run(d, &["--tpm", &tcti, "decrypt", "f0.tpmc", "f1.tpmc"]);
+    let took = started.elapsed();
+    assert_eq!(res.code, TPM, "after the reset: {}", res.stderr);
+    let lines: Vec<&str> = res.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per file: {:?}", res.stderr);
+    for (line, f) in lines.iter().zip(["f0.tpmc", "f1.tpmc"]) {
+        let want = format!(
+            "error: {f}: the PCR values changed since the key was created (key is bound to \
+             PCRs sha256:16); the TPM refuses to use it in the current boot state."
+        );
+        assert!(line.starts_with(&want), "{line:?} is not {want:?}…");
+    }
+    assert_nothing_lost(d, &sim, &cts, "after the reset");
+
+    // The same measurement again: the keys work.
+    tpm2_tool(&sim, d, &["tpm2_pcrextend", PCR16_EXTEND]);
+    assert_eq!(tpm2_tool(&sim, d, &["tpm2_pcrread", "sha256:16"]), extended);
+    let res = run(d, &["--tpm", &tcti, "-v", "decrypt", "f0.tpmc", "f1.tpmc"]);
+    assert_ok(&res, "decrypt after re-extending");
+    assert!(res.stderr.contains("2 TPM unbind(s)"), "{}", res.stderr);
+    for (i, p) in plain.iter().enumerate() {
+        assert!(fs::read(d.join(format!("f{i}"))).unwrap() == *p, "f{i}");
+    }
+    assert!(tpm_handles(&sim, d).is_empty(), "handles after success");
+    println!(
+        "TPM reset: PCR 16 back to 0, 2 files (ECC and RSA keys) refused with exit 4 in \
+         {:.2} s ({:?}); after re-extending, both decrypt",
+        took.as_secs_f64(),
+        lines[0]
+    );
+}
+
+/// Wrong PINs until the TPM locks out (max-tries 2): every run exits 4
+/// with one line (wrong PIN, then lockout, also for the right PIN), writes
+/// nothing, changes no input and leaves the TPM clean; once the lockout is
+/// cleared (`tpm2_dictionarylockout --clear-lockout`), the next run with
+/// the right PIN decrypts everything.
+#[test]
+fn dictionary_attack_lockout_loses_nothing_and_the_next_run_works() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = Simulator::start(&d.join("swtpm"))
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"));
+    let tcti = sim.tcti();
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_dictionarylockout",
+            "--setup-parameters",
+            "--max-tries=2",
+            "--recovery-time=600",
+            "--lockout-recovery-time=600",
+        ],
+    );
+    let res: Run = tpmcrypt(d)
+        .args(["--tpm", &tcti, "key", "create", "p", "--pin"])
+        .env("TPMCRYPT_PIN", "7391")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&res, "key create --pin");
+    let plain = [bytes(30_000, 95), bytes(70_000, 96)];
+    fs::write(d.join("a"), &plain[0]).unwrap();
+    fs::write(d.join("b"), &plain[1]).unwrap();
+    assert_ok(&run(d, &["encrypt", "--key", "p", "a"]), "encrypt a");
+    assert_ok(&run(d, &["encrypt", "--key", "p", "b"]), "encrypt b");
+    fs::remove_file(d.join("a")).unwrap();
+    fs::remove_file(d.join("b")).unwrap();
+    let cts: Vec<(String, Vec<u8>)> = ["a.tpmc", "b.tpmc"]
+        .iter()
+        .map(|n| (n.to_string(), fs::read(d.join(n)).unwrap()))
+        .collect();
+    let decrypt = |pin: &str| -> Run {
+        tpmcrypt(d)
+            .args(["--tpm", &tcti, "decrypt", "a.tpmc"])
+            .env("TPMCRYPT_PIN", pin)
+            .output()
+            .expect("spawn")
+            .into()
+    };
+
+    let mut wrong = 0;
+    let lockout = loop {
+        let res = decrypt("0000");
+        assert_nothing_lost(d, &sim, &cts, &format!("wrong PIN #{}", wrong + 1));
+        if res.stderr.contains("is in dictionary-attack lockout") {
+            break res;
+        }
+        assert_one_error(
+            &res,
+            TPM,
+            "a.tpmc",
+            &["wrong PIN for this key"],
+            "wrong PIN",
+        );
+        wrong += 1;
+        assert!(
+            wrong <= 2,
+            "no lockout after {wrong} wrong PINs (max-tries 2)"
+        );
+    };
+    assert_eq!(wrong, 2, "lockout after exactly max-tries wrong PINs");
+    assert_one_error_inner(
+        &lockout,
+        TPM,
+        "a.tpmc",
+        &["is in dictionary-attack lockout", "600 seconds"],
+        "lockout",
+    );
+    let res = decrypt("7391");
+    assert_one_error_inner(
+        &res,
+        TPM,
+        "a.tpmc",
+        &["is in dictionary-attack lockout"],
+        "right PIN during lockout",
+    );
+    assert_nothing_lost(d, &sim, &cts, "right PIN during lockout");
+
+    tpm2_tool(&sim, d, &["tpm2_dictionarylockout", "--clear-lockout"]);
+    let res: Run = tpmcrypt(d)
+        .args(["--tpm", &tcti, "-v", "decrypt", "a.tpmc", "b.tpmc"])
+        .env("TPMCRYPT_PIN", "7391")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&res, "decrypt after the lockout is cleared");
+    assert!(fs::read(d.join("a")).unwrap() == plain[0], "a");
+    assert!(fs::read(d.join("b")).unwrap() == plain[1], "b");
+    assert!(tpm_handles(&sim, d).is_empty(), "handles after success");
+    println!(
+        "DA lockout: {wrong} wrong PINs, then lockout ({:?}) also for the right PIN; \
+         nothing written or lost; after --clear-lockout both files decrypt",
+        lockout.stderr.trim()
+    );
 }

@@ -20,6 +20,7 @@ pub struct AtomicFile {
     dest: PathBuf,
     file: File,
     replace: bool,
+    synced: bool,
 }
 
 impl AtomicFile {
@@ -55,6 +56,7 @@ impl AtomicFile {
                         dest: dest.to_path_buf(),
                         file,
                         replace,
+                        synced: false,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
@@ -69,10 +71,21 @@ impl AtomicFile {
         &mut self.file
     }
 
-    /// Makes the file durable and gives it its final name: fsync the data,
-    /// rename (refusing to replace unless allowed), fsync the directory.
-    pub fn commit(mut self) -> io::Result<()> {
+    /// Makes the data durable (fsync), so that a full disk or an I/O error
+    /// is seen before [`AtomicFile::commit`], which then does not sync again.
+    pub fn sync(&mut self) -> io::Result<()> {
         self.file.sync_all()?;
+        self.synced = true;
+        Ok(())
+    }
+
+    /// Makes the file durable and gives it its final name: fsync the data
+    /// (unless [`AtomicFile::sync`] did), rename (refusing to replace unless
+    /// allowed), fsync the directory.
+    pub fn commit(mut self) -> io::Result<()> {
+        if !self.synced {
+            self.file.sync_all()?;
+        }
         self.rename()?;
         sync_dir(parent_dir(&self.dest))
     }

@@ -198,6 +198,53 @@ pub struct RunOptions {
     pub progress: bool,
     /// Refuse to write to a terminal (ciphertext).
     pub refuse_tty_output: bool,
+    /// What the outputs hold, for error messages: "ciphertext" or
+    /// "plaintext".
+    pub output_kind: &'static str,
+}
+
+/// Writing an output failed (disk full, file too large, broken pipe, …).
+/// The error line then names the output, not the input:
+/// `error: OUT: cannot write the ciphertext of IN: No space left on device`.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the {kind} of {input}")]
+pub struct WriteError {
+    /// The output, as given (or `<stdout>`).
+    pub output: String,
+    /// The input's label.
+    pub input: String,
+    /// "ciphertext" or "plaintext".
+    pub kind: &'static str,
+}
+
+/// A writer that remembers whether a write to it failed, so a failure of
+/// the transform can be blamed on the output rather than the input.
+struct Tap<'a> {
+    inner: &'a mut (dyn Write + Send),
+    failed: bool,
+}
+
+impl Tap<'_> {
+    fn noted<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &r {
+            if e.kind() != io::ErrorKind::Interrupted {
+                self.failed = true;
+            }
+        }
+        r
+    }
+}
+
+impl Write for Tap<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let r = self.inner.write(buf);
+        self.noted(r)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let r = self.inner.flush();
+        self.noted(r)
+    }
 }
 
 /// Totals over a run.
@@ -225,7 +272,11 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
             }
             Err(err) => {
                 let code = exit::code_for(&err);
-                eprintln!("error: {}: {}", task.label(), one_line(&err));
+                let label = match err.downcast_ref::<WriteError>() {
+                    Some(w) => w.output.clone(),
+                    None => task.label(),
+                };
+                eprintln!("error: {label}: {}", one_line(&err));
                 summary.failed += 1;
                 summary.first_code.get_or_insert(code);
             }
@@ -276,6 +327,26 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         workers,
         progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
     };
+    let write_error = |output: &dyn std::fmt::Display| WriteError {
+        output: output.to_string(),
+        input: task.label(),
+        kind: opts.output_kind,
+    };
+    // Runs the transform into `out`; a failure after a failed write is
+    // the output's.
+    let mut transform_into =
+        |out: &mut (dyn Write + Send), name: &dyn std::fmt::Display| -> anyhow::Result<u64> {
+            let mut tap = Tap {
+                inner: out,
+                failed: false,
+            };
+            let r = transform(&mut input, &mut tap, &stream_opts);
+            match r {
+                Ok(n) => Ok(n),
+                Err(e) if tap.failed => Err(anyhow::Error::new(e).context(write_error(name))),
+                Err(e) => Err(e.into()),
+            }
+        };
     let n = match &task.sink {
         Sink::Stdout => {
             let stdout = io::stdout();
@@ -285,12 +356,12 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 ));
             }
             let mut out = stdio_file(stdout.as_fd())?;
-            transform(&mut input, &mut out, &stream_opts)?
+            transform_into(&mut out, &"<stdout>")?
         }
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform(&mut input, &mut out, &stream_opts)?
+            transform_into(&mut out, &dest.display())?
         }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
@@ -298,15 +369,14 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 .with_context(|| format!("creating {}", dest.display()))?;
             let durable = opts.in_place || !opts.no_sync;
             let n = if durable {
-                transform(
-                    &mut input,
-                    &mut atomic::Writeback::new(out.file()),
-                    &stream_opts,
-                )?
+                transform_into(&mut atomic::Writeback::new(out.file()), &dest.display())?
             } else {
-                transform(&mut input, out.file(), &stream_opts)?
+                transform_into(out.file(), &dest.display())?
             };
             if durable {
+                // Delayed allocation can report a full disk only here.
+                out.sync()
+                    .map_err(|e| anyhow::Error::new(e).context(write_error(&dest.display())))?;
                 out.commit()
             } else {
                 out.commit_unsynced()

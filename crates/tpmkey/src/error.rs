@@ -33,14 +33,19 @@ impl ExitClass {
 /// Everything that can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No TPM could be reached through the TCTI.
-    #[error(
-        "cannot reach the TPM via TCTI '{tcti}': {detail}. Check that the machine has a TPM 2.0 \
-         and that you may use it (e.g. /dev/tpmrm0 is usually group 'tss'), or select another one \
-         with --tpm / TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: \
-         NOT secure, keys are not protected by hardware)"
-    )]
-    Unavailable { tcti: String, detail: String },
+    /// No TPM could be reached through the TCTI (`cause` says why, e.g.
+    /// "connection refused" or "/dev/tpmrm0: permission denied").
+    #[error("TPM unreachable ({tcti}): {cause}. {}", unreachable_hint(.tcti))]
+    Unavailable { tcti: String, cause: String },
+
+    /// The TPM answered earlier in this run, then the connection to it
+    /// broke (the TPM or simulator stopped, the device went away).
+    #[error("TPM unreachable ({tcti}): connection lost during {op}; {detail}")]
+    ConnectionLost {
+        tcti: String,
+        op: &'static str,
+        detail: String,
+    },
 
     /// The key's PCR policy is not satisfied by the current PCR values.
     #[error(
@@ -114,6 +119,7 @@ impl Error {
     pub fn exit_class(&self) -> ExitClass {
         match self {
             Error::Unavailable { .. }
+            | Error::ConnectionLost { .. }
             | Error::PcrMismatch { .. }
             | Error::WrongPin
             | Error::Lockout { .. }
@@ -127,5 +133,34 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// What to do when the TPM cannot be reached, by kind of TCTI.
+fn unreachable_hint(tcti: &str) -> &'static str {
+    if tcti.starts_with("swtpm:") || tcti.starts_with("mssim:") {
+        "Check that the TPM simulator runs at that address, or select another TPM with --tpm / \
+         TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: NOT secure, keys \
+         are not protected by hardware)"
+    } else {
+        "Check that the machine has a TPM 2.0 and that you may use it (e.g. /dev/tpmrm0 is \
+         usually group 'tss'), or select another one with --tpm / TPMCRYPT_TCTI. To just try \
+         the tool, use --simulator (a software TPM: NOT secure, keys are not protected by \
+         hardware)"
+    }
+}
+
+/// An I/O error as a short lower-case cause ("connection refused"),
+/// without the "(os error N)" suffix.
+pub(crate) fn io_cause(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.rfind(" (os error ") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => String::new(),
     }
 }

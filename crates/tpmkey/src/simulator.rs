@@ -6,7 +6,9 @@
 //! restarts.  On drop we send TPM2_Shutdown and the swtpm control
 //! "shutdown" command so the state is written out cleanly, then reap the
 //! process.  A software TPM offers no protection against anyone who can read
-//! the state directory; the CLI must say so.
+//! the state directory; the CLI must say so.  The directory is kept 0700 and
+//! swtpm writes its files 0600 (`--tpmstate …,mode=0600`, and umask 077 for
+//! its lock file), so at least no other user can read them.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -86,7 +88,7 @@ impl Simulator {
                 .arg("--ctrl")
                 .arg(format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1))
                 .arg("--tpmstate")
-                .arg(format!("dir={}", state_dir.display()))
+                .arg(format!("dir={},mode=0600", state_dir.display()))
                 .arg("--flags")
                 .arg("not-need-init,startup-clear")
                 .stdin(Stdio::null())
@@ -224,21 +226,44 @@ fn wait_ready(child: &mut Child, port: u16) -> std::result::Result<(), String> {
     }
 }
 
+/// Mode of the state directory.
+const STATE_DIR_MODE: u32 = 0o700;
+/// Mode of every file in it (swtpm's `--tpmstate mode=`).
+const STATE_FILE_MODE: u32 = 0o600;
+/// swtpm's lock file, created with mode 0660 & ~umask.
+const LOCK_FILE: &str = ".lock";
+
+/// Creates the state directory 0700, or tightens an existing one (and a
+/// lock file left by an older swtpm run) so no other user can read the
+/// simulated TPM's secrets.
 fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if dir.is_dir() {
+        let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(STATE_DIR_MODE))
+                .map_err(|e| Error::io(dir, e))?;
+        }
+        let lock = dir.join(LOCK_FILE);
+        if let Ok(meta) = std::fs::symlink_metadata(&lock) {
+            if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+                std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(STATE_FILE_MODE))
+                    .map_err(|e| Error::io(&lock, e))?;
+            }
+        }
         return Ok(());
     }
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(STATE_DIR_MODE)
         .create(dir)
         .map_err(|e| Error::io(dir, e))
 }
 
 /// Prepares the child: SIGTERM swtpm if our process dies without dropping
 /// the [`Simulator`] (e.g. a test is killed), so no orphan keeps the ports;
-/// and mark every inherited descriptor close-on-exec.
+/// umask 077, so files swtpm creates without `--tpmstate mode=` (its lock
+/// file) are private too; and mark every inherited descriptor close-on-exec.
 ///
 /// The latter is essential: tpm2-tss opens its sockets without
 /// `SOCK_CLOEXEC`, so a swtpm started while any `Tpm` is open would inherit
@@ -253,6 +278,7 @@ fn prepare_child(cmd: &mut Command) {
     unsafe {
         cmd.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::umask(0o077);
             let r = libc::syscall(
                 libc::SYS_close_range,
                 3 as libc::c_uint,

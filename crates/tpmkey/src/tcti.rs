@@ -47,6 +47,37 @@ impl Tcti {
         matches!(self, Tcti::Swtpm { .. } | Tcti::Mssim { .. })
     }
 
+    /// Tries to reach the TPM without tpm2-tss, to say why tpm2-tss could
+    /// not: connects to a simulator's command port, opens a device. `Ok`
+    /// when that works (or cannot be checked, for tabrmd); otherwise the
+    /// cause, e.g. "connection refused" or "/dev/tpmrm0: permission denied".
+    pub(crate) fn probe(&self) -> std::result::Result<(), String> {
+        use std::net::{TcpStream, ToSocketAddrs};
+        use std::time::Duration;
+        match self {
+            Tcti::Device { path } => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map(drop)
+                .map_err(|e| format!("{path}: {}", crate::error::io_cause(&e))),
+            Tcti::Swtpm { host, port } | Tcti::Mssim { host, port } => {
+                let addrs = (host.as_str(), *port)
+                    .to_socket_addrs()
+                    .map_err(|e| format!("{host}: {}", crate::error::io_cause(&e)))?;
+                let mut last = format!("{host}: no address");
+                for addr in addrs {
+                    match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                        Ok(_) => return Ok(()),
+                        Err(e) => last = crate::error::io_cause(&e),
+                    }
+                }
+                Err(last)
+            }
+            Tcti::Tabrmd { .. } => Ok(()),
+        }
+    }
+
     /// Converts into the tss-esapi representation.
     pub fn to_name_conf(&self) -> Result<TctiNameConf> {
         let bad = |e: tss_esapi::Error| Error::InvalidInput(format!("TCTI '{self}': {e}"));

@@ -136,16 +136,58 @@ fn unreachable_tpm_is_unavailable_and_mentions_simulator() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     drop(l);
-    let err = Tpm::open(&format!("swtpm:host=127.0.0.1,port={port}")).unwrap_err();
+    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let err = Tpm::open(&tcti).unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     let msg = err.to_string();
+    let want = format!("TPM unreachable ({tcti}): connection refused. ");
+    assert!(
+        msg.starts_with(&want),
+        "{msg:?} does not start with {want:?}"
+    );
+    assert!(!msg.contains("not recognized"), "{msg}");
     assert!(msg.contains("--simulator"), "{msg}");
     assert!(msg.contains("NOT secure"), "{msg}");
     assert_eq!(err.exit_class().code(), 4);
 
     let err = Tpm::open("device:/nonexistent/tpmrm0").unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
-    assert!(err.to_string().contains("--simulator"));
+    let msg = err.to_string();
+    let want = "TPM unreachable (device:/nonexistent/tpmrm0): /nonexistent/tpmrm0: no such file \
+                or directory. ";
+    assert!(
+        msg.starts_with(want),
+        "{msg:?} does not start with {want:?}"
+    );
+    assert!(msg.contains("--simulator"), "{msg}");
+}
+
+/// A TPM that answered, then stopped: `ConnectionLost`, naming the TCTI,
+/// the command and that a new connection is refused; exit class 4.
+#[test]
+fn tpm_that_stops_is_connection_lost() {
+    let sim = start();
+    let tcti = sim.tcti();
+    let mut tpm = sim.open();
+    let key = tpm.create_key(KeyAlg::EccP256, None, None).unwrap();
+    let Sim { sim, dir: _dir } = sim;
+    sim.stop();
+    let (point, _) = ecdh_software(&key);
+    let err = tpm.ecdh_zgen(&key, None, &point).unwrap_err();
+    assert!(matches!(err, Error::ConnectionLost { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "TPM unreachable ({tcti}): connection lost during CreatePrimary (storage root key); \
+             a new connection fails: connection refused"
+        )
+    );
+    assert_eq!(err.exit_class().code(), 4);
+    // Later calls report the same loss, not an ESYS sequence error.
+    let again = tpm.ecdh_zgen(&key, None, &point).unwrap_err();
+    assert_eq!(again.to_string(), err.to_string());
+    let again = tpm.srk_name().unwrap_err();
+    assert!(matches!(again, Error::ConnectionLost { .. }), "{again:?}");
 }
 
 #[test]

@@ -12,7 +12,12 @@ use crate::keys;
 use crate::tpm::{Target, TpmAccess};
 use crate::Ui;
 
-fn run_options(files: &FileArgs, ui: &Ui, refuse_tty_output: bool) -> RunOptions {
+fn run_options(
+    files: &FileArgs,
+    ui: &Ui,
+    refuse_tty_output: bool,
+    output_kind: &'static str,
+) -> RunOptions {
     RunOptions {
         jobs: files.jobs.unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -26,6 +31,7 @@ fn run_options(files: &FileArgs, ui: &Ui, refuse_tty_output: bool) -> RunOptions
         no_sync: files.no_sync,
         progress: !ui.quiet,
         refuse_tty_output,
+        output_kind,
     }
 }
 
@@ -83,7 +89,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         }
         encryptor = encryptor.with_backend(b);
     }
-    let opts = run_options(&args.files, ui, !args.allow_tty);
+    let opts = run_options(&args.files, ui, !args.allow_tty, "ciphertext");
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
@@ -112,7 +118,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if let Some(b) = chosen_backend(args.files.backend)? {
         decryptor = decryptor.with_backend(b);
     }
-    let opts = run_options(&args.files, ui, false);
+    let opts = run_options(&args.files, ui, false, "plaintext");
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_file(input, output, stream)
     });

@@ -26,11 +26,12 @@ use tss_esapi::structures::{
 use tss_esapi::Context;
 use zeroize::Zeroizing;
 
+use crate::error::io_cause;
 use crate::error::{Error, Result};
 use crate::keyfile::{key_alg_of, marshal_tpm2b, marshal_tpm2b_public, KeyAlg, KeyBlob};
 use crate::pcr::PcrSelection;
 use crate::tcti::Tcti;
-use rc::{classify, raw_rc, tpm_code, Op, RC_INITIALIZE};
+use rc::{cause_of, classify, raw_rc, tpm_code, Op, RC_INITIALIZE};
 use scope::{with_object, with_salted_session};
 
 /// The TPM rejects authValues longer than the nameAlg digest (SHA-256).
@@ -67,6 +68,10 @@ pub struct Tpm {
     ctx: Context,
     tcti: Tcti,
     unbinds: u64,
+    /// Set once the connection broke (command, cause): ESYS cannot go on
+    /// after a TCTI failure, so later calls report the loss again instead
+    /// of an ESYS sequence error.
+    lost: Option<(&'static str, String)>,
 }
 
 impl std::fmt::Debug for Tpm {
@@ -112,22 +117,28 @@ impl Tpm {
 
     /// Opens the TPM behind a parsed [`Tcti`].
     pub fn open_tcti(tcti: &Tcti) -> Result<Tpm> {
-        let unavailable = |detail: String| Error::Unavailable {
+        let unavailable = |cause: String| Error::Unavailable {
             tcti: tcti.to_string(),
-            detail,
+            cause,
+        };
+        // tpm2-tss reports a refused connection or a missing device as a
+        // bare TCTI code; our own probe names the cause.
+        let why = |e: &tss_esapi::Error| match tcti.probe() {
+            Err(cause) => cause,
+            Ok(()) => cause_of(e),
         };
         if let Tcti::Device { path } = tcti {
-            // Check first: tpm2-tss's own message for a missing device is
-            // cryptic, and this is the most common failure.
+            // Check first: the most common failure.
             if let Err(e) = std::fs::metadata(path) {
-                return Err(unavailable(format!("{path}: {e}")));
+                return Err(unavailable(format!("{path}: {}", io_cause(&e))));
             }
         }
-        let ctx = Context::new(tcti.to_name_conf()?).map_err(|e| unavailable(e.to_string()))?;
+        let ctx = Context::new(tcti.to_name_conf()?).map_err(|e| unavailable(why(&e)))?;
         let mut tpm = Tpm {
             ctx,
             tcti: tcti.clone(),
             unbinds: 0,
+            lost: None,
         };
         // Probe; simulators that were not started need TPM2_Startup.
         match tpm.property(PropertyTag::Manufacturer) {
@@ -135,9 +146,9 @@ impl Tpm {
             Err(e) if raw_rc(&e).and_then(tpm_code) == Some(RC_INITIALIZE) => {
                 tpm.ctx
                     .execute_without_session(|c| c.startup(StartupType::Clear))
-                    .map_err(|e| unavailable(format!("TPM2_Startup failed: {e}")))?;
+                    .map_err(|e| unavailable(format!("TPM2_Startup failed: {}", cause_of(&e))))?;
             }
-            Err(e) => return Err(unavailable(e.to_string())),
+            Err(e) => return Err(unavailable(why(&e))),
         }
         Ok(tpm)
     }
@@ -154,6 +165,12 @@ impl Tpm {
 
     /// Manufacturer, firmware version and whether this is a software TPM.
     pub fn info(&mut self) -> Result<TpmInfo> {
+        self.alive()?;
+        let r = self.info_inner();
+        self.finish(r)
+    }
+
+    fn info_inner(&mut self) -> Result<TpmInfo> {
         let get = |tpm: &mut Tpm, tag| {
             tpm.property(tag)
                 .map_err(|e| classify(Op::Other("GetCapability(properties)"), e, None))
@@ -202,6 +219,12 @@ impl Tpm {
     /// the SRK public key, so it identifies this TPM's owner seed: keys
     /// created with one SRK name only load where the SRK name is the same.
     pub fn srk_name(&mut self) -> Result<String> {
+        self.alive()?;
+        let r = self.srk_name_inner();
+        self.finish(r)
+    }
+
+    fn srk_name_inner(&mut self) -> Result<String> {
         srk::with_default_srk(&mut self.ctx, |ctx, srk| {
             let name = ctx
                 .tr_get_name(ObjectHandle::from(srk.handle))
@@ -227,6 +250,7 @@ impl Tpm {
     ) -> Result<KeyBlob> {
         let auth = pin_auth(pin)?;
         let has_pin = auth.is_some();
+        self.alive()?;
         let r = srk::with_default_srk(&mut self.ctx, |ctx, srk| {
             let (auth_policy, commands) = match pcrs {
                 Some(sel) => policy::build_policy(ctx, sel, has_pin)?,
@@ -251,7 +275,7 @@ impl Tpm {
                 private: marshal_tpm2b(created.out_private.value())?,
             })
         });
-        self.with_lockout_detail(r)
+        self.finish(r)
     }
 
     /// TPM2_RSA_Decrypt with OAEP/SHA-256 and an empty label.
@@ -342,6 +366,7 @@ impl Tpm {
         }
         let pcrs_text = key.pcr_policy()?.map(|(s, _)| s.to_string());
         let pcrs_text = pcrs_text.as_deref();
+        self.alive()?;
         let Tpm { ctx, unbinds, .. } = self;
         let r = srk::with_srk_for(ctx, key.parent, key.rsa_parent, |ctx, srk| {
             let key_handle = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
@@ -368,11 +393,25 @@ impl Tpm {
                 })
             })
         });
-        self.with_lockout_detail(r)
+        self.finish(r)
     }
 
-    /// Fills in how long a lockout lasts (TPM_PT_LOCKOUT_INTERVAL).
-    fn with_lockout_detail<T>(&mut self, r: Result<T>) -> Result<T> {
+    /// Fails with [`Error::ConnectionLost`] once the connection broke.
+    fn alive(&mut self) -> Result<()> {
+        match self.lost.clone() {
+            None => Ok(()),
+            Some((op, detail)) => self.finish(Err(Error::ConnectionLost {
+                tcti: String::new(),
+                op,
+                detail,
+            })),
+        }
+    }
+
+    /// Completes an error of a public method: how long a lockout lasts
+    /// (TPM_PT_LOCKOUT_INTERVAL); for a lost connection, the TCTI and, for
+    /// a simulator, whether a new connection is refused too.
+    fn finish<T>(&mut self, r: Result<T>) -> Result<T> {
         match r {
             Err(Error::Lockout {
                 retry_after_secs: None,
@@ -382,12 +421,37 @@ impl Tpm {
                     retry_after_secs: secs,
                 })
             }
+            Err(Error::ConnectionLost { op, detail, .. }) => {
+                if self.lost.is_none() {
+                    self.lost = Some((op, detail.clone()));
+                }
+                // A device may be held open by our own (broken) context:
+                // probing it would only say "busy".
+                let now = match self.tcti {
+                    Tcti::Device { .. } => None,
+                    _ => self.tcti.probe().err(),
+                };
+                Err(Error::ConnectionLost {
+                    tcti: self.tcti.to_string(),
+                    op,
+                    detail: match now {
+                        Some(cause) => format!("a new connection fails: {cause}"),
+                        None => detail,
+                    },
+                })
+            }
             other => other,
         }
     }
 
     /// Lists loaded transient objects and sessions.
     pub fn loaded_handles(&mut self) -> Result<LoadedHandles> {
+        self.alive()?;
+        let r = self.loaded_handles_inner();
+        self.finish(r)
+    }
+
+    fn loaded_handles_inner(&mut self) -> Result<LoadedHandles> {
         let mut out = LoadedHandles::default();
         for (first, is_session) in [
             (0x8000_0000u32, false),

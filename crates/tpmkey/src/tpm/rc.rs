@@ -79,6 +79,36 @@ pub(crate) fn tpm_code(rc: u32) -> Option<u32> {
     }
 }
 
+/// A TSS-internal (not TPM) response code as a short cause, e.g.
+/// `I/O error (TSS rc 0xa000a)`: tss-esapi prints these as "response code
+/// not recognized".
+pub(crate) fn tss_cause(rc: u32) -> String {
+    let what = match rc & 0xFFFF {
+        1 => "general failure",
+        8 => "no connection",
+        9 => "timed out",
+        10 => "I/O error",
+        12 => "not permitted",
+        17 => "malformed response",
+        19 => "response too short",
+        20 => "incompatible TCTI",
+        21 => "not supported",
+        23 => "out of memory",
+        _ => "TSS error",
+    };
+    format!("{what} (TSS rc 0x{rc:x})")
+}
+
+/// A tss-esapi error as a cause: TSS-internal codes by [`tss_cause`],
+/// everything else as tss-esapi prints it, with the raw code.
+pub(crate) fn cause_of(e: &tss_esapi::Error) -> String {
+    match raw_rc(e) {
+        Some(r) if tpm_code(r).is_none() => tss_cause(r),
+        Some(r) => format!("{e} (TPM rc 0x{r:x})"),
+        None => e.to_string(),
+    }
+}
+
 /// Classifies `e` from operation `op`.  `pcrs` describes the key's PCR
 /// binding (for the mismatch message).
 pub(crate) fn classify(op: Op, e: tss_esapi::Error, pcrs: Option<&str>) -> Error {
@@ -89,9 +119,12 @@ pub(crate) fn classify(op: Op, e: tss_esapi::Error, pcrs: Option<&str>) -> Error
     };
     if let Some(r) = raw {
         if r & 0xFFFF_0000 == LAYER_TCTI {
-            return Error::Unavailable {
-                tcti: "(connection)".into(),
-                detail: format!("lost connection to the TPM during {}: {detail}", op.name()),
+            // The TCTI is filled in (and the connection probed) by the
+            // `Tpm` method that ran the command: see `Tpm::finish`.
+            return Error::ConnectionLost {
+                tcti: String::new(),
+                op: op.name(),
+                detail: tss_cause(r),
             };
         }
     }
@@ -129,5 +162,12 @@ mod tests {
         assert_eq!(tpm_code(0x921), Some(RC_LOCKOUT));
         assert_eq!(tpm_code(0x000A_000A), None);
         assert_eq!(tpm_code(0x0007_001A), None);
+    }
+
+    #[test]
+    fn tss_causes_are_named() {
+        assert_eq!(tss_cause(0x000A_000A), "I/O error (TSS rc 0xa000a)");
+        assert_eq!(tss_cause(0x000A_0008), "no connection (TSS rc 0xa0008)");
+        assert_eq!(tss_cause(0x000A_00FF), "TSS error (TSS rc 0xa00ff)");
     }
 }
