@@ -381,7 +381,15 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             } else {
                 out.commit_unsynced()
             }
-            .with_context(|| format!("writing {}", dest.display()))?;
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    // Another run took the name first: as when it existed.
+                    anyhow::Error::new(e)
+                } else {
+                    // A failed rename or directory fsync is the output's.
+                    anyhow::Error::new(e).context(write_error(&dest.display()))
+                }
+            })?;
             if opts.in_place {
                 if let Source::File(src) = &task.source {
                     atomic::remove_durably(src).context("removing the original")?;
