@@ -801,3 +801,71 @@ fn unreadable_files_are_reported_and_retried() {
         "the failure is reported: {log}"
     );
 }
+
+/// The systemd unit in docs/ is valid for systemd (`systemd-analyze verify`,
+/// with ExecStart pointing at the binary under test), keeps its hardening
+/// (`systemd-analyze security` exposure at most 2.0 of 10; it is 1.7), and every flag
+/// its ExecStart passes exists in `tpmcrypt watch --help`.
+#[test]
+fn systemd_unit_verifies_and_its_flags_exist() {
+    let dir = common::scratch("unit");
+    let unit_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/tpmcrypt-watch.service");
+    let text = fs::read_to_string(&unit_src).unwrap();
+    assert!(
+        text.contains("/usr/local/bin/tpmcrypt watch"),
+        "ExecStart moved?"
+    );
+    let unit = dir.path().join("tpmcrypt-watch.service");
+    let bin = common::bin();
+    fs::write(
+        &unit,
+        text.replace("/usr/local/bin/tpmcrypt", &bin.display().to_string()),
+    )
+    .unwrap();
+
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze (package systemd, installed by scripts/setup-deps)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "verify: {stderr}"
+    );
+
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--threshold=20", "--no-pager"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exposure above 2.0: {}",
+        report.lines().last().unwrap_or_default()
+    );
+
+    let help = run(dir.path(), &["watch", "--help"]);
+    assert_eq!(help.code, 0);
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let exec: String = text
+        .split("ExecStart=")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let flags: Vec<&str> = exec
+        .split_whitespace()
+        .filter(|w| w.starts_with("--"))
+        .collect();
+    assert!(flags.len() >= 4, "{exec}");
+    for flag in flags {
+        assert!(
+            help.contains(flag),
+            "ExecStart passes {flag}, unknown to watch"
+        );
+    }
+}
