@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, listing, recovery, run, tpmcrypt, Layout, Run};
+use common::{bytes, listing, recovery, run, tpm2_tool, tpm_handles, tpmcrypt, Layout, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 use tpmcrypt_tpmkey::Simulator;
@@ -1552,27 +1552,6 @@ impl Rng {
     }
 }
 
-/// Decrypts `path` in this process with the recovery identity in `id_text`.
-fn decrypt_in_process(id_text: &str, path: &Path) -> Vec<u8> {
-    use tpmcrypt_cipher::recovery::RecoveryKey;
-    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
-    let identity: Box<dyn Identity> = Box::new(
-        RecoveryKey::parse(id_text)
-            .expect("identity")
-            .into_identity()
-            .expect("identity"),
-    );
-    let mut out = Vec::new();
-    Decryptor::new(vec![identity])
-        .decrypt(
-            fs::File::open(path).unwrap(),
-            &mut out,
-            &StreamOptions::sequential(),
-        )
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    out
-}
-
 /// What one kill -9 loop saw.
 #[derive(Default, Debug)]
 struct KillCounts {
@@ -1630,7 +1609,7 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
         // that decrypts to it.
         let check_out = |what: &str| {
             let got = if op == "encrypt" {
-                decrypt_in_process(&id_text, &out)
+                common::decrypt_in_process(&id_text, &out)
             } else {
                 fs::read(&out).unwrap()
             };
@@ -1716,38 +1695,6 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
 }
 
 // ---------------------------------------------------------------- 9. TPM reset, DA lockout
-
-/// Runs a tpm2-tools command against `sim`; a missing tool or a failure
-/// fails the test. Returns stdout.
-fn tpm2_tool(sim: &Simulator, dir: &Path, args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .env("TPM2TOOLS_TCTI", sim.tcti())
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Transient objects and sessions the TPM still holds.
-fn tpm_handles(sim: &Simulator, dir: &Path) -> Vec<String> {
-    ["handles-transient", "handles-loaded-session"]
-        .iter()
-        .flat_map(|cap| {
-            tpm2_tool(sim, dir, &["tpm2_getcap", cap])
-                .lines()
-                .filter(|l| l.contains("0x"))
-                .map(|l| format!("{cap}: {}", l.trim()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
 
 /// After a refused run: every ciphertext unchanged, no output, no
 /// temporary, nothing left loaded in the TPM.

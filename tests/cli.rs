@@ -1412,29 +1412,10 @@ fn kill_during_encrypt_leaves_no_output() {
 /// there as plaintext or as ciphertext that decrypts to it, never neither.
 #[test]
 fn kill_during_in_place_never_loses_a_file() {
-    use tpmcrypt_cipher::recovery::RecoveryKey;
-    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
-
     let (dir, r) = scratch();
     let d = dir.path();
     let id_text = fs::read_to_string(d.join("id")).unwrap();
-    let decrypt_in_process = |path: &Path| -> Vec<u8> {
-        let identity: Box<dyn Identity> = Box::new(
-            RecoveryKey::parse(&id_text)
-                .unwrap()
-                .into_identity()
-                .unwrap(),
-        );
-        let mut out = Vec::new();
-        Decryptor::new(vec![identity])
-            .decrypt(
-                fs::File::open(path).unwrap(),
-                &mut out,
-                &StreamOptions::sequential(),
-            )
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        out
-    };
+    let decrypt_in_process = |path: &Path| common::decrypt_in_process(&id_text, path);
 
     const FILES: usize = 200;
     let mut rng = Rng(0x5eed_1234_abcd);

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, recovery, tpmcrypt, Run};
+use common::{bytes, recovery, tpm2_tool, tpm_handles, tpmcrypt, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 use tpmcrypt_tpmkey::Simulator;
@@ -120,29 +120,6 @@ fn assert_one_line(r: &Run, code: i32, needles: &[&str], what: &str) {
     }
 }
 
-/// Runs a tpm2-tools (or other) command against `sim`, in `dir`; a missing
-/// tool fails the test.
-fn tool(sim: &Simulator, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(args[0])
-        .args(&args[1..])
-        .env("TPM2TOOLS_TCTI", sim.tcti())
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]))
-}
-
-fn tool_ok(sim: &Simulator, dir: &Path, args: &[&str]) -> String {
-    let out = tool(sim, dir, args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Runs openssl in `dir`, asserting success; returns stdout.
 fn openssl(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("openssl")
@@ -159,23 +136,8 @@ fn openssl(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The handles `tpm2_getcap` reports as loaded transient objects and
-/// loaded sessions (each "- 0x…" line).
-fn loaded_handles(sim: &Simulator, dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for cap in ["handles-transient", "handles-loaded-session"] {
-        let text = tool_ok(sim, dir, &["tpm2_getcap", cap]);
-        out.extend(
-            text.lines()
-                .filter(|l| l.contains("0x"))
-                .map(|l| format!("{cap}: {}", l.trim())),
-        );
-    }
-    out
-}
-
 fn assert_no_handles(sim: &Simulator, dir: &Path, after: &str) {
-    let h = loaded_handles(sim, dir);
+    let h = tpm_handles(sim, dir);
     assert!(h.is_empty(), "after {after}: the TPM still holds {h:?}");
 }
 
@@ -588,7 +550,7 @@ fn pcr_extended_after_creation_refuses_only_keys_bound_to_it() {
     assert_ok(&r, "decrypt before the PCR change");
 
     // No tpmcrypt command is connected now (swtpm serves one at a time).
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -627,7 +589,7 @@ fn wrong_pin_then_dictionary_attack_lockout() {
     let d = dir.path();
     let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -860,13 +822,13 @@ fn tpm2_tools_interoperate_both_ways() {
     let t = sim.tcti();
     let srk_attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt";
     let flush = || {
-        tool_ok(&sim, d, &["tpm2_flushcontext", "-t"]);
-        tool_ok(&sim, d, &["tpm2_flushcontext", "-l"]);
-        tool_ok(&sim, d, &["tpm2_flushcontext", "-s"]);
+        tpm2_tool(&sim, d, &["tpm2_flushcontext", "-t"]);
+        tpm2_tool(&sim, d, &["tpm2_flushcontext", "-l"]);
+        tpm2_tool(&sim, d, &["tpm2_flushcontext", "-s"]);
     };
 
     // tpm2-tools → tpmcrypt.
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -885,14 +847,14 @@ fn tpm2_tools_interoperate_both_ways() {
     );
     // Positive control for the leak checks: tpm2-tools without a resource
     // manager leaves the primary loaded, and tpm2_getcap sees it.
-    let h = loaded_handles(&sim, d);
+    let h = tpm_handles(&sim, d);
     assert!(
         h.iter().any(|l| l.contains("0x80")),
         "tpm2_getcap shows the primary tpm2_createprimary left: {h:?}"
     );
     flush();
     assert_no_handles(&sim, d, "tpm2_flushcontext");
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -910,7 +872,7 @@ fn tpm2_tools_interoperate_both_ways() {
         ],
     );
     flush();
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -978,7 +940,7 @@ fn tpm2_tools_interoperate_both_ways() {
         ],
     );
     assert_eq!(fs::metadata(d.join("ct.bin")).unwrap().len(), 256);
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -990,7 +952,7 @@ fn tpm2_tools_interoperate_both_ways() {
         ],
     );
     flush();
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[
@@ -1134,7 +1096,7 @@ fn a_refused_key_does_not_block_another_recipient() {
         &plain(d, &["encrypt", "--key", "b-pin", "--key", "z-plain", "q"]),
         "encrypt q",
     );
-    tool_ok(
+    tpm2_tool(
         &sim,
         d,
         &[

@@ -199,3 +199,63 @@ pub fn scratch(prefix: &str) -> tempfile::TempDir {
     }
     b.tempdir().expect("tempdir")
 }
+
+/// Decrypts `path` in this process (not through the binary) with the
+/// recovery identity whose file text is `id_text`.
+pub fn decrypt_in_process(id_text: &str, path: &Path) -> Vec<u8> {
+    use tpmcrypt_cipher::recovery::RecoveryKey;
+    use tpmcrypt_cipher::{Decryptor, Identity, StreamOptions};
+    let identity: Box<dyn Identity> = Box::new(
+        RecoveryKey::parse(id_text)
+            .expect("identity")
+            .into_identity()
+            .expect("identity"),
+    );
+    let mut out = Vec::new();
+    Decryptor::new(vec![identity])
+        .decrypt(
+            std::fs::File::open(path).unwrap(),
+            &mut out,
+            &StreamOptions::sequential(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    out
+}
+
+/// Runs a tpm2-tools command (`args[0]`) in `dir` against `sim`.
+pub fn tpm2_tool_output(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path, args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .env("TPM2TOOLS_TCTI", sim.tcti())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (install tpm2-tools): {e}", args[0]))
+}
+
+/// As [`tpm2_tool_output`], asserting success; returns stdout.
+pub fn tpm2_tool(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path, args: &[&str]) -> String {
+    let out = tpm2_tool_output(sim, dir, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The transient objects and sessions the TPM still holds, as
+/// `tpm2_getcap` lists them (each "- 0x…" line).
+pub fn tpm_handles(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for cap in ["handles-transient", "handles-loaded-session"] {
+        let text = tpm2_tool(sim, dir, &["tpm2_getcap", cap]);
+        out.extend(
+            text.lines()
+                .filter(|l| l.contains("0x"))
+                .map(|l| format!("{cap}: {}", l.trim())),
+        );
+    }
+    out
+}

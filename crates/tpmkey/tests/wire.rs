@@ -11,6 +11,21 @@ mod common;
 use common::*;
 use tpmcrypt_tpmkey::{KeyAlg, PcrSelection, Simulator, SimulatorOptions, Tpm};
 
+/// A simulator in a fresh directory, logging every command and response
+/// to `swtpm.log` there.
+fn logged_simulator() -> (tempfile::TempDir, Simulator) {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = Simulator::start_with(
+        &dir.path().join("state"),
+        &SimulatorOptions {
+            log_file: Some(dir.path().join("swtpm.log")),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (dir, sim)
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02X}")).collect()
 }
@@ -27,16 +42,8 @@ fn wire_hex(log: &std::path::Path) -> String {
 
 #[test]
 fn secrets_and_pins_never_cross_the_wire_in_clear() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, sim) = logged_simulator();
     let log = dir.path().join("swtpm.log");
-    let sim = Simulator::start_with(
-        &dir.path().join("state"),
-        &SimulatorOptions {
-            log_file: Some(log.clone()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let pin = b"pin-4f9a1c77e2";
     let sel = PcrSelection::parse("sha256:7").unwrap();
     let mut tpm = Tpm::open(&sim.tcti()).unwrap();
@@ -252,16 +259,8 @@ fn check_unbind(ex: &Exchange, secret: &[u8]) -> Result<(), String> {
 /// carries the secret in clear.
 #[test]
 fn unbind_responses_are_parameter_encrypted() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, sim) = logged_simulator();
     let log = dir.path().join("swtpm.log");
-    let sim = Simulator::start_with(
-        &dir.path().join("state"),
-        &SimulatorOptions {
-            log_file: Some(log.clone()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let pin = b"pin-77";
     let sel = PcrSelection::parse("sha256:7").unwrap();
     let mut tpm = Tpm::open(&sim.tcti()).unwrap();
