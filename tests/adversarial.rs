@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, listing, recovery, run, tpm2_tool, tpm_handles, tpmcrypt, Layout, Run};
+use common::{
+    assert_ok, bytes, listing, recovery, run, tpm2_tool, tpm_handles, tpmcrypt, Layout, Run,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 use tpmcrypt_tpmkey::Simulator;
@@ -55,18 +57,10 @@ fn scratch() -> TempDir {
     common::scratch("tpmcrypt-adv-")
 }
 
-fn assert_ok(r: &Run, what: &str) {
-    assert_eq!(
-        r.code, OK,
-        "{what}: expected success, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-}
-
 /// Asserts exit `code` and exactly one stderr line `error: <label>: …`
 /// that mentions every needle (case-insensitively).
 fn assert_one_error(r: &Run, code: i32, label: &str, needles: &[&str], what: &str) {
-    assert_one_error_inner(r, code, label, needles, what);
+    common::assert_error_line(r, code, Some(label), needles, what);
     // A cause is named once, not repeated along its chain.
     let lower = r.stderr.to_lowercase();
     for n in needles {
@@ -75,35 +69,6 @@ fn assert_one_error(r: &Run, code: i32, label: &str, needles: &[&str], what: &st
             1,
             "{what}: {n:?} repeated in {:?}",
             r.stderr
-        );
-    }
-}
-
-fn assert_one_error_inner(r: &Run, code: i32, label: &str, needles: &[&str], what: &str) {
-    assert_eq!(
-        r.code, code,
-        "{what}: expected exit {code}, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-    let lines: Vec<&str> = r.stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{what}: want one stderr line: {:?}",
-        r.stderr
-    );
-    let prefix = format!("error: {label}: ");
-    assert!(
-        lines[0].starts_with(&prefix) && lines[0].len() > prefix.len(),
-        "{what}: {:?} does not start with {prefix:?}",
-        lines[0]
-    );
-    let lower = lines[0].to_lowercase();
-    for n in needles {
-        assert!(
-            lower.contains(&n.to_lowercase()),
-            "{what}: {:?} does not mention {n:?}",
-            lines[0]
         );
     }
 }
@@ -1879,18 +1844,18 @@ fn dictionary_attack_lockout_loses_nothing_and_the_next_run_works() {
         );
     };
     assert_eq!(wrong, 2, "lockout after exactly max-tries wrong PINs");
-    assert_one_error_inner(
+    common::assert_error_line(
         &lockout,
         TPM,
-        "a.tpmc",
+        Some("a.tpmc"),
         &["is in dictionary-attack lockout", "600 seconds"],
         "lockout",
     );
     let res = decrypt("7391");
-    assert_one_error_inner(
+    common::assert_error_line(
         &res,
         TPM,
-        "a.tpmc",
+        Some("a.tpmc"),
         &["is in dictionary-attack lockout"],
         "right PIN during lockout",
     );

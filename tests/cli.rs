@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{bytes, listing, recovery, run, run_stdin, tpmcrypt, Layout, Run};
+use common::{assert_ok, bytes, listing, recovery, run, run_stdin, tpmcrypt, Layout, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -34,34 +34,9 @@ fn scratch() -> (TempDir, String) {
     (dir, r)
 }
 
-fn assert_ok(r: &Run, what: &str) {
-    assert_eq!(
-        r.code, OK,
-        "{what}: expected success, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-}
-
 /// Asserts exit `code` and exactly one stderr line, `error: <label>: …`.
 fn assert_error(r: &Run, code: i32, label: &str, what: &str) {
-    assert_eq!(
-        r.code, code,
-        "{what}: expected exit {code}, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-    let lines: Vec<&str> = r.stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{what}: expected exactly one stderr line, got {:?}",
-        r.stderr
-    );
-    let prefix = format!("error: {label}: ");
-    assert!(
-        lines[0].starts_with(&prefix) && lines[0].len() > prefix.len(),
-        "{what}: stderr {:?} does not start with {prefix:?}",
-        lines[0]
-    );
+    common::assert_error_line(r, code, Some(label), &[], what);
 }
 
 /// Asserts a usage error (clap's multi-line messages included).

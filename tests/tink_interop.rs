@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{bytes, recovery, run, Run};
+use common::{assert_ok, bytes, recovery, run};
 use serde_json::Value;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/tink_decrypt.py");
@@ -126,10 +126,6 @@ fn script(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run tink_decrypt.py")
-}
-
-fn assert_ok(r: &Run, what: &str) {
-    assert_eq!(r.code, 0, "{what}: {}", r.stderr);
 }
 
 /// Writes `inspect --json -i id --reveal-session-key` of `file` to

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, recovery, tpm2_tool, tpm_handles, tpmcrypt, Run};
+use common::{assert_ok, bytes, recovery, tpm2_tool, tpm_handles, tpmcrypt, Run};
 use serde_json::Value;
 use tempfile::TempDir;
 use tpmcrypt_tpmkey::Simulator;
@@ -79,45 +79,10 @@ fn stdout(r: &Run) -> String {
     String::from_utf8_lossy(&r.stdout).into_owned()
 }
 
-fn assert_ok(r: &Run, what: &str) {
-    assert_eq!(
-        r.code,
-        OK,
-        "{what}: expected success, got {}; stdout: {}; stderr: {}",
-        r.code,
-        stdout(r),
-        r.stderr
-    );
-}
-
 /// Asserts exit `code` and exactly one stderr line, starting `error: ` and
 /// containing every needle (case-insensitively).
 fn assert_one_line(r: &Run, code: i32, needles: &[&str], what: &str) {
-    assert_eq!(
-        r.code, code,
-        "{what}: expected exit {code}, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-    let lines: Vec<&str> = r.stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{what}: expected exactly one stderr line, got {:?}",
-        r.stderr
-    );
-    assert!(
-        lines[0].starts_with("error: "),
-        "{what}: stderr {:?} does not start with \"error: \"",
-        lines[0]
-    );
-    let lower = lines[0].to_lowercase();
-    for n in needles {
-        assert!(
-            lower.contains(&n.to_lowercase()),
-            "{what}: stderr {:?} does not mention {n:?}",
-            lines[0]
-        );
-    }
+    common::assert_error_line(r, code, None, needles, what);
 }
 
 /// Runs openssl in `dir`, asserting success; returns stdout.

@@ -259,3 +259,47 @@ pub fn tpm_handles(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path) -> Vec<String> 
     }
     out
 }
+
+/// Asserts that a run succeeded.
+pub fn assert_ok(r: &Run, what: &str) {
+    assert_eq!(
+        r.code, 0,
+        "{what}: expected success, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+}
+
+/// The one-line error contract: exit `code`, exactly one stderr line,
+/// starting `error: <label>: ` (or just `error: ` without a label) and
+/// mentioning every needle (case-insensitively).
+pub fn assert_error_line(r: &Run, code: i32, label: Option<&str>, needles: &[&str], what: &str) {
+    assert_eq!(
+        r.code, code,
+        "{what}: expected exit {code}, got {}; stderr: {}",
+        r.code, r.stderr
+    );
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: expected exactly one stderr line, got {:?}",
+        r.stderr
+    );
+    let prefix = match label {
+        Some(label) => format!("error: {label}: "),
+        None => "error: ".to_string(),
+    };
+    assert!(
+        lines[0].starts_with(&prefix) && lines[0].len() > prefix.len(),
+        "{what}: stderr {:?} does not start with {prefix:?}",
+        lines[0]
+    );
+    let lower = lines[0].to_lowercase();
+    for n in needles {
+        assert!(
+            lower.contains(&n.to_lowercase()),
+            "{what}: stderr {:?} does not mention {n:?}",
+            lines[0]
+        );
+    }
+}
