@@ -1179,6 +1179,38 @@ fn tampered_variants(
     ]
 }
 
+/// Encrypts `plain` in `dir` to `out` with `layout` (4096-byte segments).
+/// Returns the ciphertext, where its payload starts, and where segment 0
+/// starts (gcm counts the stream header in segment 0; cbc does not).
+fn encrypt_4k_segments(dir: &Path, r: &str, layout: &Layout, out: &str) -> (Vec<u8>, usize, usize) {
+    assert_eq!(layout.segment, 4096);
+    let mode = if layout.cbc { "cbc" } else { "gcm" };
+    let bits = (layout.key_len * 8).to_string();
+    let args = [
+        "encrypt",
+        "-R",
+        r,
+        "--mode",
+        mode,
+        "--bits",
+        &bits,
+        "--segment-size",
+        "4096",
+        "-o",
+        out,
+        "plain",
+    ];
+    assert_ok(&run(dir, &args), mode);
+    let ct = fs::read(dir.join(out)).unwrap();
+    let offset = payload_offset(dir, out);
+    let base = if layout.cbc {
+        offset + layout.stream_header()
+    } else {
+        offset
+    };
+    (ct, offset, base)
+}
+
 /// Every kind of damage: exit 3, one `error: <file>:` line, no output under
 /// the final name and no temporary left; to stdout, at most an
 /// authenticated prefix of the plaintext.
@@ -1193,36 +1225,8 @@ fn integrity_failures() {
         let len = layout.plain(0) + 4 * layout.plain(1) + 100; // 6 segments
         let data = bytes(len, 11);
         fs::write(d.join("plain"), &data).unwrap();
-        let bits_s = bits.to_string();
         let ct_name = format!("{mode}.tpmc");
-        assert_ok(
-            &run(
-                d,
-                &[
-                    "encrypt",
-                    "-R",
-                    &r,
-                    "--mode",
-                    mode,
-                    "--bits",
-                    &bits_s,
-                    "--segment-size",
-                    "4096",
-                    "-o",
-                    &ct_name,
-                    "plain",
-                ],
-            ),
-            mode,
-        );
-        let ct = fs::read(d.join(&ct_name)).unwrap();
-        let offset = payload_offset(d, &ct_name);
-        // gcm counts the stream header in segment 0; cbc does not.
-        let base = if mode == "cbc" {
-            offset + layout.stream_header()
-        } else {
-            offset
-        };
+        let (ct, offset, base) = encrypt_4k_segments(d, &r, &layout, &ct_name);
         let mut cases = tampered_variants(&ct, offset, layout.stream_header(), base, seg);
         cases.push(Tampered {
             name: "intact, wrong identity",
@@ -1280,35 +1284,8 @@ fn stdout_stops_before_the_tampered_segment() {
         let len = layout.plain(0) + 7 * layout.plain(1) + 5;
         let data = bytes(len, 21);
         fs::write(d.join("plain"), &data).unwrap();
-        let bits_s = bits.to_string();
         let name = format!("{mode}.tpmc");
-        assert_ok(
-            &run(
-                d,
-                &[
-                    "encrypt",
-                    "-R",
-                    &r,
-                    "--mode",
-                    mode,
-                    "--bits",
-                    &bits_s,
-                    "--segment-size",
-                    "4096",
-                    "-o",
-                    &name,
-                    "plain",
-                ],
-            ),
-            mode,
-        );
-        let offset = payload_offset(d, &name);
-        let mut ct = fs::read(d.join(&name)).unwrap();
-        let base = if mode == "cbc" {
-            offset + layout.stream_header()
-        } else {
-            offset
-        };
+        let (mut ct, _, base) = encrypt_4k_segments(d, &r, &layout, &name);
         ct[base + 2 * 4096 + 1000] ^= 0x80;
         fs::write(d.join(&name), &ct).unwrap();
         let expect = &data[..layout.plain(0) + layout.plain(1)];
