@@ -216,19 +216,7 @@ fn key_from_another_tpm_is_wrong_tpm() {
 #[test]
 fn persistent_srk_is_used_when_present() {
     let sim = start();
-    sim.tool_ok(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-g",
-        "sha256",
-        "-G",
-        "ecc",
-        "-a",
-        "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt",
-        "-c",
-        "srk.ctx",
-    ]);
+    sim.tools_srk("srk.ctx");
     sim.tool_ok(&[
         "tpm2_evictcontrol",
         "-C",

@@ -5,28 +5,13 @@ mod common;
 use common::*;
 use tpmcrypt_tpmkey::{KeyAlg, KeyBlob, Keystore};
 
-const SRK_ATTRS: &str =
-    "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt";
-
 /// Our transient SRK is the same object `tpm2_createprimary -G ecc` makes
 /// with the standard SRK attributes.
 #[test]
 fn srk_matches_tpm2_createprimary() {
     let sim = start();
     let ours = sim.open().srk_name().unwrap();
-    sim.tool_ok(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-g",
-        "sha256",
-        "-G",
-        "ecc",
-        "-a",
-        SRK_ATTRS,
-        "-c",
-        "p.ctx",
-    ]);
+    sim.tools_srk("p.ctx");
     let out = sim.tool_ok(&["tpm2_readpublic", "-c", "p.ctx"]);
     sim.tool_ok(&["tpm2_flushcontext", "-t"]);
     let name = out
@@ -64,19 +49,7 @@ fn tpm2_tools_load_and_rsadecrypt_our_key() {
     // The two-blob route works as well: tpm2_load -C primary -u pub -r priv.
     std::fs::write(sim.path("key.pub"), &blob.public).unwrap();
     std::fs::write(sim.path("key.priv"), &blob.private).unwrap();
-    sim.tool_ok(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-g",
-        "sha256",
-        "-G",
-        "ecc",
-        "-a",
-        SRK_ATTRS,
-        "-c",
-        "p.ctx",
-    ]);
+    sim.tools_srk("p.ctx");
     sim.tool_ok(&["tpm2_flushcontext", "-t"]);
     sim.tool_ok(&[
         "tpm2_load",
@@ -109,19 +82,7 @@ fn tpm2_tools_load_and_rsadecrypt_our_key() {
 #[test]
 fn tpm2_tools_key_imports_and_unbinds() {
     let sim = start();
-    sim.tool_ok(&[
-        "tpm2_createprimary",
-        "-C",
-        "o",
-        "-g",
-        "sha256",
-        "-G",
-        "ecc",
-        "-a",
-        SRK_ATTRS,
-        "-c",
-        "p.ctx",
-    ]);
+    sim.tools_srk("p.ctx");
     sim.tool_ok(&["tpm2_flushcontext", "-t"]);
     sim.tool_ok(&[
         "tpm2_create",

@@ -56,6 +56,25 @@ impl Sim {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Creates the standard ECC storage root key with tpm2-tools
+    /// (`tpm2_createprimary`, as tpm2-tools and tpm2-openssl do) and saves
+    /// its context to `ctx` in the simulator's directory.
+    pub fn tools_srk(&self, ctx: &str) {
+        self.tool_ok(&[
+            "tpm2_createprimary",
+            "-C",
+            "o",
+            "-g",
+            "sha256",
+            "-G",
+            "ecc",
+            "-a",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt",
+            "-c",
+            ctx,
+        ]);
+    }
+
     pub fn path(&self, name: &str) -> std::path::PathBuf {
         self.dir.path().join(name)
     }
