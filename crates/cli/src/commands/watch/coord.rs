@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 
 use super::fsio::{self, Kind};
 use super::journal::Journal;
-use super::stats::{self, Stats};
+use super::stats::{self, Counters, Stats};
 use super::units::human_duration;
 use super::worker::{self, Ctx, Job, Outcome, Session};
 use super::{log, scan, show, WatchArgs};
@@ -195,7 +195,10 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     let session = Session::new(&recipients, params)?;
     info!("session {}", session.id);
     let stats = Arc::new(Mutex::new(Stats {
-        sessions: 1,
+        counters: Counters {
+            sessions: 1,
+            ..Counters::default()
+        },
         ..Stats::default()
     }));
 
@@ -445,9 +448,9 @@ impl Coordinator {
                 self.update_gauges();
                 let s = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let key = (
-                    s.files,
-                    s.failures,
-                    s.settling + s.queue_depth + s.in_flight,
+                    s.counters.files,
+                    s.counters.failures,
+                    s.counters.settling + s.counters.queue_depth + s.counters.in_flight,
                 );
                 if key != last_logged {
                     info!("stats: {}", s.line());
@@ -463,8 +466,8 @@ impl Coordinator {
                 }
                 let status = format!(
                     "{} files encrypted, {} queued",
-                    s.files,
-                    s.settling + s.queue_depth
+                    s.counters.files,
+                    s.counters.settling + s.counters.queue_depth
                 );
                 let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
             }
@@ -479,6 +482,7 @@ impl Coordinator {
                             self.stats
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
+                                .counters
                                 .sessions += 1;
                         }
                         Err(e) => error!("cannot rotate the session key: {e:#}"),
@@ -617,9 +621,9 @@ impl Coordinator {
         }
         {
             let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            s.skipped += skipped;
+            s.counters.skipped += skipped;
             if startup {
-                s.unchanged += unchanged.len() as u64;
+                s.counters.unchanged += unchanged.len() as u64;
             }
         }
         if full {
@@ -866,14 +870,14 @@ impl Coordinator {
                 e.event_at = None;
                 {
                     let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                    s.files += 1;
-                    s.bytes += rec.size;
+                    s.counters.files += 1;
+                    s.counters.bytes += rec.size;
                     s.service.record(service);
                     if let Some(t) = event_at {
                         s.latency.record(done_at.saturating_duration_since(t));
                     }
                     if deleted {
-                        s.deleted += 1;
+                        s.counters.deleted += 1;
                     }
                 }
                 let r = if deleted {
@@ -891,6 +895,7 @@ impl Coordinator {
                 self.stats
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
+                    .counters
                     .unchanged += 1;
             }
             Outcome::NotRegular(kind) => {
@@ -899,7 +904,11 @@ impl Coordinator {
                     show(&rel),
                     kind.name()
                 );
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).skipped += 1;
+                self.stats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .counters
+                    .skipped += 1;
             }
             Outcome::Gone => debug!("{} is gone", show(&rel)),
             Outcome::Busy => {
@@ -926,7 +935,11 @@ impl Coordinator {
                     "{} changed while being encrypted: doing it again",
                     show(&rel)
                 );
-                self.stats.lock().unwrap_or_else(|e| e.into_inner()).changed += 1;
+                self.stats
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .counters
+                    .changed += 1;
                 done = false;
                 retry_at = Some(now + self.settle);
             }
@@ -943,6 +956,7 @@ impl Coordinator {
                 self.stats
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
+                    .counters
                     .failures += 1;
                 done = false;
                 retry_at = Some(now + wait);
@@ -971,8 +985,8 @@ impl Coordinator {
             }
         }
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.settling = settling;
-        s.queue_depth = ready;
-        s.in_flight = self.in_flight as u64;
+        s.counters.settling = settling;
+        s.counters.queue_depth = ready;
+        s.counters.in_flight = self.in_flight as u64;
     }
 }

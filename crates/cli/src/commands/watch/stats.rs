@@ -113,10 +113,9 @@ pub struct LatencySummary {
     pub sum_s: f64,
 }
 
-/// Everything counted. Owned by the coordinator, shared (behind a mutex)
-/// with the metrics server.
-#[derive(Default, Clone)]
-pub struct Stats {
+/// The counters, as kept and as exported (flattened into `--stats-json`).
+#[derive(Default, Clone, Copy, Serialize)]
+pub struct Counters {
     /// Files encrypted (ciphertext durable).
     pub files: u64,
     /// Plaintext bytes encrypted.
@@ -139,6 +138,14 @@ pub struct Stats {
     pub in_flight: u64,
     /// Session keys drawn (1 + rotations).
     pub sessions: u64,
+}
+
+/// Everything counted. Owned by the coordinator, shared (behind a mutex)
+/// with the metrics server.
+#[derive(Default, Clone)]
+pub struct Stats {
+    /// Files, bytes, failures, queue sizes, sessions.
+    pub counters: Counters,
     /// Close-write event → durable ciphertext.
     pub latency: Histogram,
     /// Worker start → durable ciphertext.
@@ -152,28 +159,9 @@ pub struct Snapshot {
     pub time: f64,
     /// Seconds since start.
     pub uptime_s: f64,
-    /// See [`Stats`].
-    pub files: u64,
-    /// See [`Stats`].
-    pub bytes: u64,
-    /// See [`Stats`].
-    pub failures: u64,
-    /// See [`Stats`].
-    pub unchanged: u64,
-    /// See [`Stats`].
-    pub skipped: u64,
-    /// See [`Stats`].
-    pub changed: u64,
-    /// See [`Stats`].
-    pub deleted: u64,
-    /// See [`Stats`].
-    pub settling: u64,
-    /// See [`Stats`].
-    pub queue_depth: u64,
-    /// See [`Stats`].
-    pub in_flight: u64,
-    /// See [`Stats`].
-    pub sessions: u64,
+    /// See [`Counters`].
+    #[serde(flatten)]
+    pub counters: Counters,
     /// Close-write event → durable ciphertext.
     pub latency: LatencySummary,
     /// Time a worker spends on one file.
@@ -189,17 +177,7 @@ impl Stats {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
             uptime_s: started.elapsed().as_secs_f64(),
-            files: self.files,
-            bytes: self.bytes,
-            failures: self.failures,
-            unchanged: self.unchanged,
-            skipped: self.skipped,
-            changed: self.changed,
-            deleted: self.deleted,
-            settling: self.settling,
-            queue_depth: self.queue_depth,
-            in_flight: self.in_flight,
-            sessions: self.sessions,
+            counters: self.counters,
             latency: self.latency.summary(),
             service: self.service.summary(),
         }
@@ -211,13 +189,13 @@ impl Stats {
         format!(
             "{} files ({:.1} MiB), {} unchanged, {} failed, {} settling, {} queued, {} in flight; \
              latency p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
-            self.files,
-            self.bytes as f64 / (1 << 20) as f64,
-            self.unchanged,
-            self.failures,
-            self.settling,
-            self.queue_depth,
-            self.in_flight,
+            self.counters.files,
+            self.counters.bytes as f64 / (1 << 20) as f64,
+            self.counters.unchanged,
+            self.counters.failures,
+            self.counters.settling,
+            self.counters.queue_depth,
+            self.counters.in_flight,
             l.p50_ms,
             l.p95_ms,
             l.p99_ms
@@ -237,67 +215,67 @@ impl Stats {
             "files_total",
             "counter",
             "Files encrypted (ciphertext durable).",
-            self.files.to_string(),
+            self.counters.files.to_string(),
         );
         metric(
             "bytes_total",
             "counter",
             "Plaintext bytes encrypted.",
-            self.bytes.to_string(),
+            self.counters.bytes.to_string(),
         );
         metric(
             "failures_total",
             "counter",
             "Failed attempts (each is retried).",
-            self.failures.to_string(),
+            self.counters.failures.to_string(),
         );
         metric(
             "unchanged_total",
             "counter",
             "Files found already encrypted and unchanged.",
-            self.unchanged.to_string(),
+            self.counters.unchanged.to_string(),
         );
         metric(
             "skipped_total",
             "counter",
             "Entries skipped: symlinks, FIFOs, sockets, devices.",
-            self.skipped.to_string(),
+            self.counters.skipped.to_string(),
         );
         metric(
             "changed_total",
             "counter",
             "Files that changed while being encrypted.",
-            self.changed.to_string(),
+            self.counters.changed.to_string(),
         );
         metric(
             "deleted_total",
             "counter",
             "Plaintexts removed after verification.",
-            self.deleted.to_string(),
+            self.counters.deleted.to_string(),
         );
         metric(
             "settling",
             "gauge",
             "Files waiting for --settle.",
-            self.settling.to_string(),
+            self.counters.settling.to_string(),
         );
         metric(
             "queue_depth",
             "gauge",
             "Files waiting for a worker.",
-            self.queue_depth.to_string(),
+            self.counters.queue_depth.to_string(),
         );
         metric(
             "in_flight",
             "gauge",
             "Files being encrypted.",
-            self.in_flight.to_string(),
+            self.counters.in_flight.to_string(),
         );
         metric(
             "sessions_total",
             "counter",
             "Session keys drawn.",
-            self.sessions.to_string(),
+            self.counters.sessions.to_string(),
         );
         metric(
             "uptime_seconds",
