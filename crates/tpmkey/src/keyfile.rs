@@ -557,21 +557,7 @@ mod tests {
 
     /// A key file written by `tpm2_encodeobject` (tpm2-tools 5.4) for an
     /// RSA-2048 OAEP key under the ECC owner primary.
-    pub(crate) const TPM2_TOOLS_PEM: &str = "-----BEGIN TSS2 PRIVATE KEY-----
-MIICFAYGZ4EFCgEDoAMBAQACBEAAAAEEggEaARgAAQALAAIAcgAAABAAFwALCAAA
-AAAAAQCbdovC5ITGSBjurDkHZE+ydQV6LdoizsMmR8cSUIDs9oPnGSRscH3ChnB+
-mc1DInMSvX5RJR3hG1aK8ZIc8+rnrqhXV62OgxW+h/s/twShTg7w0s1Wr44zTwCt
-6rP6KWs8Q12sb4X8J4oDSgLwcOnggG0owWbsfPBCtvL/ehEtI/NH5Pd0cDGikIfl
-WYVcWsjhh8yKahXpOEIQob3YNXIO+sZOTrUPCCximwTP7y60gjKkYBSjQy9Almis
-Q/D0D8iLRHkM2HI+0Qz1dDwS5CINmSJvq9AoI/5uvh6CU3GYxGhPShXl4Iip7iy8
-kApRIB/f4Z61vkQkPzJ/CCe3fBWdBIHgAN4AIIJywxTGGM0PpdwHP6f0lWNjwQh+
-3UrR/P5kxswXqdF0ABC3K0gclwwmwfguE8S+IxcsY55WusBbSWOZ4En+ZZ0heOTR
-iBPs/+Q8jTDmo2UxiZTOm4rlub8dZblJLk11uxiBQQVcdAD2eNozu61GgTd0nOlK
-7bOs6gXqbIwnqIXRsefrPinsKDVqLhyBh9v0Ql/hScyG/D11mjr758P4/B+mgbso
-TGS+fqNoxSorstycfasS3QXxNCgXMin+CUSsn0LTABp7MVEe24wVi5m0nhskVfxM
-i8rhuCEPDVw=
------END TSS2 PRIVATE KEY-----
-";
+    pub(crate) const TPM2_TOOLS_PEM: &str = include_str!("../tests/data/tpm2-tools-rsa2048.pem");
 
     #[test]
     fn parses_tpm2_tools_output_and_round_trips() {
