@@ -18,14 +18,15 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_ok, bytes, listing, recovery, run, tpm2_tool, tpm_handles, tpmcrypt, Layout, Run,
+    assert_ok, bytes, chmod, listing, mode_of, recovery, run, tpm2_tool, tpm_handles, tpmcrypt,
+    Layout, Run,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -71,19 +72,6 @@ fn assert_one_error(r: &Run, code: i32, label: &str, needles: &[&str], what: &st
             r.stderr
         );
     }
-}
-
-fn mode_of(path: &Path) -> u32 {
-    fs::symlink_metadata(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .permissions()
-        .mode()
-        & 0o7777
-}
-
-fn chmod(path: &Path, mode: u32) {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
 /// Every regular file under `dir` (symlinks not followed), sorted.

@@ -8,12 +8,14 @@ mod common;
 
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{assert_ok, bytes, listing, recovery, run, run_stdin, tpmcrypt, Layout, Run};
+use common::{
+    assert_ok, bytes, chmod, listing, mode_of, recovery, run, run_stdin, tpmcrypt, Layout, Run,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -47,18 +49,6 @@ fn assert_usage(r: &Run, what: &str) {
         r.code, r.stderr
     );
     assert!(!r.stderr.trim().is_empty(), "{what}: no message on stderr");
-}
-
-fn mode_of(path: &Path) -> u32 {
-    fs::metadata(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .permissions()
-        .mode()
-        & 0o7777
-}
-
-fn chmod(path: &Path, mode: u32) {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 fn partials(dir: &Path) -> Vec<String> {

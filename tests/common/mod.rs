@@ -303,3 +303,20 @@ pub fn assert_error_line(r: &Run, code: i32, label: Option<&str>, needles: &[&st
         );
     }
 }
+
+/// Permission bits of `path` itself (a symlink is not followed).
+pub fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Sets the permission bits of `path`.
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
