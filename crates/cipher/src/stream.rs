@@ -271,10 +271,7 @@ pub struct SegmentCrypter {
 impl SegmentCrypter {
     /// Bytes to reserve before the plaintext in a buffer passed to `seal`.
     pub fn reserve(&self) -> usize {
-        match self.aead {
-            Aead::Gcm(_) => 0,
-            Aead::Cbc { .. } => AES_BLOCK,
-        }
+        input_reserve(Direction::Seal, &self.layout)
     }
 
     /// Seals `buf[reserve()..]` in place into a complete ciphertext segment.
@@ -451,6 +448,35 @@ impl<'r, R: Read> Chunker<'r, R> {
     }
 }
 
+/// Room kept before the input in each buffer: sealing cbc writes its IV
+/// there (the one place for this rule).
+fn input_reserve(direction: Direction, layout: &Layout) -> usize {
+    match (direction, layout.mode) {
+        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
+        _ => 0,
+    }
+}
+
+/// The buffers in circulation for `workers` threads, each holding one
+/// segment: their number bounds the engine's memory. Returns the count and
+/// the pool, already filled.
+fn buffer_pool(
+    layout: &Layout,
+    workers: usize,
+) -> (
+    usize,
+    crossbeam_channel::Sender<Vec<u8>>,
+    crossbeam_channel::Receiver<Vec<u8>>,
+) {
+    let buffers = workers * 2 + 2;
+    let (tx, rx) = bounded::<Vec<u8>>(buffers);
+    for _ in 0..buffers {
+        // The channel has room for exactly `buffers` items.
+        let _ = tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
+    }
+    (buffers, tx, rx)
+}
+
 /// Runs the segments of one payload (after its stream header) through
 /// `keys`, from `input` to `output`. Returns the plaintext byte count.
 /// Output is written strictly in order; when opening, a segment is written
@@ -511,11 +537,7 @@ fn run_sequential<R: Read, W: Write>(
 ) -> Result<u64> {
     let layout = keys.layout;
     let mut crypter = keys.crypter(backend)?;
-    let reserve = if direction == Direction::Seal {
-        crypter.reserve()
-    } else {
-        0
-    };
+    let reserve = input_reserve(direction, &layout);
     let mut chunker = Chunker::new(input);
     let mut buf = Vec::new();
     let mut total = 0u64;
@@ -562,19 +584,10 @@ fn run_parallel<R: Read, W: Write + Send>(
 ) -> Result<u64> {
     let layout = keys.layout;
     let workers = opts.workers;
-    // Buffers in circulation bound the memory: each holds one segment.
-    let buffers = workers * 2 + 2;
+    let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
     let (job_tx, job_rx) = bounded::<Chunk>(workers);
     let (done_tx, done_rx) = bounded::<Done>(buffers);
-    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(buffers);
-    for _ in 0..buffers {
-        // The channel has room for exactly `buffers` items.
-        let _ = pool_tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
-    }
-    let reserve = match (direction, layout.mode) {
-        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
-        _ => 0,
-    };
+    let reserve = input_reserve(direction, &layout);
     let progress = opts.progress;
 
     std::thread::scope(|scope| {
@@ -737,16 +750,9 @@ pub fn run_file<W: Write + Send>(
     let rest = want(direction, &layout, 1) as u64;
     let count = segment_count(len, first, rest);
     let workers = opts.workers;
-    let buffers = workers * 2 + 2;
+    let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
     let (done_tx, done_rx) = bounded::<Done>(buffers);
-    let (pool_tx, pool_rx) = bounded::<Vec<u8>>(buffers);
-    for _ in 0..buffers {
-        let _ = pool_tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
-    }
-    let reserve = match (direction, layout.mode) {
-        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
-        _ => 0,
-    };
+    let reserve = input_reserve(direction, &layout);
     let next_index = AtomicU64::new(0);
     let progress = opts.progress;
 
