@@ -138,6 +138,7 @@ struct Parsed {
     /// Byte ranges of the segments as units of `segment size` bytes
     /// (for gcm, segment 0 includes the stream header).
     units: Vec<std::ops::Range<usize>>,
+    layout: Layout,
 }
 
 fn parse_ct(ct: Vec<u8>, layout: Layout) -> Parsed {
@@ -168,6 +169,7 @@ fn parse_ct(ct: Vec<u8>, layout: Layout) -> Parsed {
         sh,
         sealed,
         units,
+        layout,
     }
 }
 
@@ -350,10 +352,18 @@ fn corruption_cases(a: &Parsed, b: &Parsed, c: &Parsed) -> Vec<Case> {
         &|v| v[11..15].copy_from_slice(&((16u32 << 20) + 1).to_be_bytes()),
         &["malformed header"],
     );
+    // The largest size the parser takes, except where cbc needs the size
+    // less the tag to be whole blocks (cbc-192).
+    let max = 16usize << 20;
+    let valid = !a.layout.cbc || (max - a.layout.key_len) % 16 == 0;
     hdr(
         "segment-size-16m",
-        &|v| v[11..15].copy_from_slice(&(16u32 << 20).to_be_bytes()),
-        &["header authentication failed"],
+        &|v| v[11..15].copy_from_slice(&(max as u32).to_be_bytes()),
+        &[if valid {
+            "header authentication failed"
+        } else {
+            "must be a multiple of 16"
+        }],
     );
     hdr(
         "segment-size-0",
@@ -408,8 +418,8 @@ fn corruption_cases(a: &Parsed, b: &Parsed, c: &Parsed) -> Vec<Case> {
 
 // ---------------------------------------------------------------- 1. corruption matrix
 
-/// Every damaged variant of three-segment files (gcm and cbc, 128 and 256
-/// bits) through one `decrypt -r` over all of them: every case refused with
+/// Every damaged variant of three-segment files (gcm and cbc, 128, 192 and
+/// 256 bits) through one `decrypt -r` over all of them: every case refused with
 /// exit 3, each named in exactly one error line that names its cause, no
 /// output and no temporary anywhere; then a few cases alone to stdout, which
 /// must stay empty when segment 0 is bad.
@@ -421,12 +431,18 @@ fn corruption_matrix_is_refused_case_by_case() {
     fs::create_dir(d.join("cases")).unwrap();
     let mut all: BTreeMap<String, Case> = BTreeMap::new();
     let mut singles: Vec<(String, Vec<u8>)> = Vec::new();
-    for (mode, bits) in [("gcm", 128u32), ("gcm", 256), ("cbc", 128), ("cbc", 256)] {
-        let layout = Layout {
-            cbc: mode == "cbc",
-            key_len: bits as usize / 8,
-            segment: 4096,
-        };
+    // Every mode and key size. A cbc segment minus its tag must be whole
+    // blocks, so cbc-192 (a 24-byte tag) takes 4104 bytes instead of 4096.
+    for (mode, bits, segment) in [
+        ("gcm", 128u32, 4096usize),
+        ("gcm", 192, 4096),
+        ("gcm", 256, 4096),
+        ("cbc", 128, 4096),
+        ("cbc", 192, 4104),
+        ("cbc", 256, 4096),
+    ] {
+        let layout = Layout::new(mode, bits, segment);
+        let segment_s = segment.to_string();
         let len = layout.plain(0) + layout.plain(1) + 100;
         let tag = format!("{mode}{bits}");
         let src = d.join(format!("src-{tag}"));
@@ -445,7 +461,7 @@ fn corruption_matrix_is_refused_case_by_case() {
             "--bits",
             &bits_s,
             "--segment-size",
-            "4096",
+            &segment_s,
         ];
         let mut one_session = common.to_vec();
         one_session.extend(["a", "b"]);
@@ -554,7 +570,7 @@ fn corruption_matrix_is_refused_case_by_case() {
         assert_one_error(&res, INTEGRITY, "<stdin>", &[], name);
         assert!(res.stdout.is_empty(), "{name} from stdin: stdout written");
     }
-    assert_eq!(singles.len(), 4 * 7, "single cases");
+    assert_eq!(singles.len(), 6 * 7, "single cases");
     println!(
         "corruption matrix: {} cases decrypted alone to stdout (-j 1, -j 2, stdin): \
          stdout empty",
