@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     assert_ok, bytes, chmod, listing, mode_of, recovery, run, tpm2_tool, tpm_handles, tpmcrypt,
-    Layout, Run,
+    KillDelay, Layout, Rng, Run,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -1509,18 +1509,6 @@ fn permissions_are_never_wider() {
 
 // ---------------------------------------------------------------- 8. kill -9 with -o
 
-/// xorshift64, so the kill moments reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// What one kill -9 loop saw.
 #[derive(Default, Debug)]
 struct KillCounts {
@@ -1588,7 +1576,7 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
             );
         };
         let mut n = KillCounts::default();
-        let mut bound_us = 30_000u64;
+        let mut delay = KillDelay::new(30_000, 1000, 2_000_000); // µs
         while n.trials < want || (n.mid_write == 0 && n.trials < 3 * want) {
             n.trials += 1;
             let t = n.trials;
@@ -1598,7 +1586,7 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawn tpmcrypt");
-            std::thread::sleep(Duration::from_micros(rng.below(bound_us)));
+            std::thread::sleep(Duration::from_micros(delay.pick(&mut rng)));
             let _ = child.kill();
             let status = child.wait().unwrap();
 
@@ -1622,7 +1610,7 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
                 check_out(&format!("trial {t}"));
                 assert_eq!(partials, 0, "{op} trial {t}: temporary beside OUT");
                 n.done += 1;
-                bound_us = (bound_us * 2 / 3).max(1000);
+                delay.finished();
                 fs::remove_file(&out).unwrap();
                 continue;
             }
@@ -1632,7 +1620,7 @@ fn kill_9_during_encrypt_and_decrypt_to_an_output() {
             );
             if partials == 0 {
                 n.before += 1;
-                bound_us = (bound_us * 3 / 2).min(2_000_000);
+                delay.not_begun();
                 continue;
             }
             // Killed mid-write: the next run cleans up and succeeds.

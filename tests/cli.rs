@@ -14,7 +14,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_ok, bytes, chmod, listing, mode_of, recovery, run, run_stdin, tpmcrypt, Layout, Run,
+    assert_ok, bytes, chmod, listing, mode_of, recovery, run, run_stdin, tpmcrypt, KillDelay,
+    Layout, Rng, Run,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -78,22 +79,6 @@ fn segment_arg(mode: &str, bits: u32) -> usize {
         4104
     } else {
         4096
-    }
-}
-
-/// Deterministic small PRNG for timings and choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
     }
 }
 
@@ -1361,7 +1346,7 @@ fn kill_during_in_place_never_loses_a_file() {
 
     const FILES: usize = 200;
     let mut rng = Rng(0x5eed_1234_abcd);
-    let mut delay_ms = 20u64;
+    let mut delay = KillDelay::new(20, 2, 2000);
     let (mut interrupted, mut trials) = (0, 0);
     let want = common::kill_trials();
     while trials < want || (interrupted == 0 && trials < 2 * want) {
@@ -1398,7 +1383,7 @@ fn kill_during_in_place_never_loses_a_file() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let wait = 1 + rng.below(delay_ms);
+        let wait = 1 + delay.pick(&mut rng);
         std::thread::sleep(Duration::from_millis(wait));
         let _ = child.kill();
         child.wait().unwrap();
@@ -1431,15 +1416,18 @@ fn kill_during_in_place_never_loses_a_file() {
         }
         // Adapt the delay so that kills land mid-run.
         if done == FILES {
-            delay_ms = (delay_ms * 2 / 3).max(2);
+            delay.finished();
         } else if done == 0 {
-            delay_ms = (delay_ms * 3 / 2).min(2000);
+            delay.not_begun();
         } else {
             interrupted += 1;
         }
         fs::remove_dir_all(&trial).unwrap();
     }
-    eprintln!("{trials} trials, {interrupted} killed mid-run, last delay bound {delay_ms} ms");
+    eprintln!(
+        "{trials} trials, {interrupted} killed mid-run, last delay bound {} ms",
+        delay.bound
+    );
     assert!(
         interrupted > 0,
         "no kill landed in the middle of a run in {trials} trials"

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, recovery, run, tpmcrypt};
+use common::{bytes, recovery, run, tpmcrypt, KillDelay, Rng};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -390,21 +390,21 @@ impl Fnv {
 fn kill_9_at_random_moments_loses_nothing() {
     let s = Scratch::new();
     let mut want: HashMap<PathBuf, Vec<u8>> = HashMap::new();
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let mut rand = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    for round in 0..common::kill_trials() as u64 {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let rounds = common::kill_trials() as u64;
+    // Rounds whose kill came after some but not all files of that round
+    // were done (the kill met work under way, not an idle daemon); the
+    // delay bound adapts so that most kills do.
+    let mut mid_work = 0;
+    let mut delay = KillDelay::new(400, 2, 2000); // ms
+    for round in 0..rounds {
         for k in 0..25u64 {
             let rel = PathBuf::from(format!("r{round}/f{k}"));
-            let size = match rand() % 4 {
+            let size = match rng.below(4) {
                 0 => 0,
-                1 => (rand() % 4096) as usize,
-                2 => (rand() % (256 << 10)) as usize,
-                _ => (rand() % (3 << 20)) as usize,
+                1 => rng.below(4096) as usize,
+                2 => rng.below(256 << 10) as usize,
+                _ => rng.below(3 << 20) as usize,
             };
             let data = bytes(size, round * 100 + k + 1);
             write_file(&s.src().join(&rel), &data);
@@ -415,7 +415,7 @@ fn kill_9_at_random_moments_loses_nothing() {
             &["--delete-plaintext", "--workers", "2"],
             false,
         );
-        std::thread::sleep(Duration::from_millis(rand() % 400));
+        std::thread::sleep(Duration::from_millis(delay.pick(&mut rng)));
         child.kill().expect("kill -9");
         child.wait().expect("wait");
         // Never neither: each source is still there or has a ciphertext
@@ -429,7 +429,21 @@ fn kill_9_at_random_moments_loses_nothing() {
                 rel.display()
             );
         }
+        let done = (0..25)
+            .filter(|k| !s.src().join(format!("r{round}/f{k}")).exists())
+            .count();
+        match done {
+            25 => delay.finished(),
+            0 => delay.not_begun(),
+            _ => mid_work += 1,
+        }
     }
+    println!(
+        "watch kill -9: {rounds} rounds of 25 files, {mid_work} killed with part of their \
+         round done, last delay bound {} ms",
+        delay.bound
+    );
+    assert!(mid_work > 0, "no kill met work under way");
     // A last, clean run finishes the job.
     let child = s.start(99, &["--delete-plaintext"], true);
     wait_for("SRC to be emptied", Duration::from_secs(60), || {

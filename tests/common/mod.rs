@@ -129,6 +129,58 @@ pub fn kill_trials() -> usize {
         .unwrap_or(20)
 }
 
+/// xorshift64: random but reproducible choices (kill moments, file sizes).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// The bound of the random wait before a kill -9, adapted after every
+/// trial so that the kills land while the work is under way: shorter after
+/// a trial whose work was already finished, longer after one that had not
+/// begun. Units are the caller's (ms or µs).
+pub struct KillDelay {
+    pub bound: u64,
+    min: u64,
+    max: u64,
+}
+
+impl KillDelay {
+    pub fn new(start: u64, min: u64, max: u64) -> Self {
+        KillDelay {
+            bound: start,
+            min,
+            max,
+        }
+    }
+
+    /// How long to wait before the next kill.
+    pub fn pick(&self, rng: &mut Rng) -> u64 {
+        rng.below(self.bound)
+    }
+
+    /// The kill came after the work was done: aim earlier.
+    pub fn finished(&mut self) {
+        self.bound = (self.bound * 2 / 3).max(self.min);
+    }
+
+    /// The kill came before any work was done: aim later.
+    pub fn not_begun(&mut self) {
+        self.bound = (self.bound * 3 / 2).min(self.max);
+    }
+}
+
 /// Payload parameters as docs/format.md describes them: the tests compute
 /// sizes and offsets from the document, independently of the implementation.
 #[derive(Clone, Copy, Debug)]
