@@ -49,7 +49,12 @@ fn assert_usage(r: &Run, what: &str) {
         "{what}: expected exit 2, got {}; stderr: {}",
         r.code, r.stderr
     );
-    assert!(!r.stderr.trim().is_empty(), "{what}: no message on stderr");
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("error: "),
+        "{what}: a usage error is one line 'error: …', got {:?}",
+        r.stderr
+    );
 }
 
 fn partials(dir: &Path) -> Vec<String> {
@@ -1447,7 +1452,6 @@ fn usage_errors_and_help() {
             vec!["encrypt", "--frobnicate", "-R", &r, "p"],
         ),
         ("unknown subcommand", vec!["frobnicate"]),
-        ("no subcommand", vec![]),
         ("encrypt without -R", vec!["encrypt", "p"]),
         ("decrypt without -i", vec!["decrypt", "p.tpmc"]),
         ("bad mode", vec!["encrypt", "-R", &r, "--mode", "ecb", "p"]),
@@ -1481,6 +1485,18 @@ fn usage_errors_and_help() {
         assert!(res.stdout.is_empty(), "{what}: stdout {:?}", res.stdout);
     }
     assert!(!d.join("p.tpmc").exists());
+
+    // A bare `tpmcrypt`: exit 2 and the subcommands on stderr (as the help
+    // when nothing at all is set, as one error line when the environment
+    // sets an option, as in these tests).
+    let res = run(d, &[]);
+    assert_eq!(res.code, USAGE, "no subcommand: {}", res.stderr);
+    assert!(
+        res.stderr.contains("encrypt, decrypt") || res.stderr.contains("Usage: tpmcrypt"),
+        "no subcommand: {}",
+        res.stderr
+    );
+    assert!(res.stdout.is_empty());
 
     let res = run(d, &["completions", "bash"]);
     assert_ok(&res, "completions bash");

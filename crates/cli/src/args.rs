@@ -250,3 +250,59 @@ pub enum RecoveryCommand {
         identity: PathBuf,
     },
 }
+
+/// A clap parse error as the one line every tpmcrypt error is: clap's
+/// `error: …` with its details (the valid values, a tip) joined on, and
+/// without the usage block and the `--help` pointer that follow.
+pub fn usage_error_line(err: &clap::Error) -> String {
+    let text = err.render().to_string();
+    let mut line = String::new();
+    for part in text.lines().map(str::trim) {
+        if part.starts_with("Usage:") || part.starts_with("For more information") {
+            break;
+        }
+        if part.is_empty() {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    line.push_str(" (see --help)");
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{usage_error_line, Cli};
+
+    fn line_for(args: &[&str]) -> String {
+        let err = Cli::try_parse_from(args).expect_err("a usage error");
+        usage_error_line(&err)
+    }
+
+    #[test]
+    fn parse_errors_are_one_line_with_their_details() {
+        let bits = line_for(&["tpmcrypt", "encrypt", "--bits", "100", "-R", "x"]);
+        assert_eq!(
+            bits,
+            "error: invalid value '100' for '--bits <BITS>'; \
+             [possible values: 128, 192, 256] (see --help)"
+        );
+        let missing = line_for(&["tpmcrypt", "recovery", "create"]);
+        assert_eq!(
+            missing,
+            "error: the following required arguments were not provided: \
+             --out <FILE> (see --help)"
+        );
+        let typo = line_for(&["tpmcrypt", "encrypt", "--bitz", "128"]);
+        assert!(typo.starts_with("error: unexpected argument '--bitz' found; "));
+        assert!(typo.contains("--bits"), "{typo}");
+        for line in [bits, missing, typo] {
+            assert!(!line.contains('\n'), "{line:?}");
+        }
+    }
+}

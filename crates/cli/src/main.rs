@@ -38,13 +38,19 @@ fn main() {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() {
-                exit::USAGE
+            // --help and --version arrive here too (on stdout, exit 0), and
+            // so does the help shown for a bare `tpmcrypt` or `tpmcrypt key`
+            // (exit 2): those are printed whole.
+            if !e.use_stderr() {
+                let _ = e.print();
+                std::process::exit(exit::OK);
+            }
+            if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
             } else {
-                exit::OK
-            };
-            let _ = e.print();
-            std::process::exit(code);
+                eprintln!("{}", args::usage_error_line(&e));
+            }
+            std::process::exit(exit::USAGE);
         }
     };
     let ui = Ui {
