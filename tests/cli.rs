@@ -7,9 +7,9 @@
 mod common;
 
 use std::fs;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::symlink;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -42,19 +42,9 @@ fn assert_error(r: &Run, code: i32, label: &str, what: &str) {
     common::assert_error_line(r, code, Some(label), &[], what);
 }
 
-/// Asserts a usage error (clap's multi-line messages included).
+/// Asserts a usage error: exit 2 and one `error: …` line.
 fn assert_usage(r: &Run, what: &str) {
-    assert_eq!(
-        r.code, USAGE,
-        "{what}: expected exit 2, got {}; stderr: {}",
-        r.code, r.stderr
-    );
-    let lines: Vec<&str> = r.stderr.lines().collect();
-    assert!(
-        lines.len() == 1 && lines[0].starts_with("error: "),
-        "{what}: a usage error is one line 'error: …', got {:?}",
-        r.stderr
-    );
+    common::assert_error_line(r, USAGE, None, &[], what);
 }
 
 fn partials(dir: &Path) -> Vec<String> {
@@ -1338,6 +1328,173 @@ fn kill_during_encrypt_leaves_no_output() {
     let res = run(d, &["decrypt", "-i", "id", "-o", "-", "out.tpmc"]);
     assert_ok(&res, "decrypt rerun");
     assert_eq!(res.stdout, b"fine");
+}
+
+/// Waits until `path` exists with at least `len` bytes.
+fn wait_for_len(path: &Path, len: u64, what: &str) {
+    let started = Instant::now();
+    while fs::metadata(path).map(|m| m.len()).unwrap_or(0) < len {
+        assert!(started.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The one partial output in `dir`, once it exists.
+fn partial_path(dir: &Path) -> PathBuf {
+    let started = Instant::now();
+    loop {
+        if let Some(name) = partials(dir).into_iter().next() {
+            return dir.join(name);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no partial output"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn append(path: &Path, data: &[u8]) {
+    fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap()
+        .write_all(data)
+        .unwrap();
+}
+
+/// A regular input that changes while it is read is not taken for what was
+/// read: to a file, the output is not kept (and an `--in-place` original is
+/// not removed); to stdout, the run fails. Each run is paused mid-read
+/// deterministically: stdout by a pipe nobody reads yet, a file output by
+/// strace delaying its first write-back call (after 16 MiB).
+#[test]
+fn input_changed_while_read_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let data = bytes(40 << 20, 21);
+
+    // To stdout: tpmcrypt blocks on the full pipe after its first segments.
+    fs::write(d.join("s"), &data).unwrap();
+    let mut child = tpmcrypt(d)
+        .args(["encrypt", "-R", &r, "-o", "-", "s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap(); // the input is open and stamped
+    append(d.join("s").as_path(), b"tail");
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let res: Run = child.wait_with_output().unwrap().into();
+    assert_error(&res, 1, "s", "stdout, input appended to");
+    assert!(
+        res.stderr.contains("changed while it was being read"),
+        "{}",
+        res.stderr
+    );
+
+    // To a file, plain and --in-place: nothing kept, the input as it now is.
+    for (name, extra) in [("f", None), ("g", Some("--in-place"))] {
+        let input = d.join(name);
+        fs::write(&input, &data).unwrap();
+        let mut args = vec!["encrypt", "-R", &r];
+        args.extend(extra);
+        args.push(name);
+        let child = common::wrapper(d, "strace")
+            .args([
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=sync_file_range",
+            ])
+            .args(["-e", "inject=sync_file_range:delay_enter=400000:when=1"])
+            .arg(common::bin())
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("strace (installed by scripts/setup-deps)");
+        wait_for_len(&partial_path(d), 16 << 20, "16 MiB written");
+        append(&input, b"tail");
+        let res: Run = child.wait_with_output().unwrap().into();
+        assert_error(&res, 1, name, &format!("{name}: input appended to"));
+        assert!(
+            res.stderr.contains("its output was not kept"),
+            "{}",
+            res.stderr
+        );
+        let mut now = data.clone();
+        now.extend_from_slice(b"tail");
+        assert!(fs::read(&input).unwrap() == now, "{name}: input lost");
+        assert!(
+            !d.join(format!("{name}.tpmc")).exists(),
+            "{name}: output kept"
+        );
+        assert!(partials(d).is_empty(), "{:?}", partials(d));
+    }
+}
+
+/// `--in-place` removes an original only while it is still the file that
+/// was encrypted: one rewritten, or replaced by a rename (as editors save),
+/// between the read and the removal is kept, beside the complete output of
+/// what was read. strace holds the run in its first fsync (the output's,
+/// after the read) while the original changes.
+#[test]
+fn in_place_keeps_an_original_that_changed_after_the_read() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let id_text = fs::read_to_string(d.join("id")).unwrap();
+    let old = bytes(3 << 20, 22);
+    let new = bytes(1000, 23);
+    // The output's full length, from a run on the same bytes.
+    fs::write(d.join("ref"), &old).unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "ref"]), "reference run");
+    let full = fs::metadata(d.join("ref.tpmc")).unwrap().len();
+    for how in ["rewritten", "renamed-over"] {
+        let input = d.join(how);
+        fs::write(&input, &old).unwrap();
+        let child = common::wrapper(d, "strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+            .args(["-e", "inject=fsync:delay_enter=500000:when=1"])
+            .arg(common::bin())
+            .args(["encrypt", "-R", &r, "--in-place", how])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("strace (installed by scripts/setup-deps)");
+        wait_for_len(&partial_path(d), full, "the whole output written");
+        // Past the read and its check, into the delayed fsync.
+        std::thread::sleep(Duration::from_millis(100));
+        if how == "rewritten" {
+            fs::write(&input, &new).unwrap();
+        } else {
+            fs::write(d.join("next"), &new).unwrap();
+            fs::rename(d.join("next"), &input).unwrap();
+        }
+        let res: Run = child.wait_with_output().unwrap().into();
+        assert_error(&res, 1, how, how);
+        assert!(
+            res.stderr
+                .contains("changed or replaced after it was read; kept it"),
+            "{how}: {}",
+            res.stderr
+        );
+        assert!(
+            fs::read(&input).unwrap() == new,
+            "{how}: the new version is gone"
+        );
+        let ct = d.join(format!("{how}.tpmc"));
+        assert!(
+            common::decrypt_in_process(&id_text, &ct) == old,
+            "{how}: the output is not the version read"
+        );
+        assert!(partials(d).is_empty(), "{:?}", partials(d));
+    }
 }
 
 /// SIGKILL at random moments of `--in-place` over many files: every file is

@@ -132,7 +132,8 @@ pub struct FileArgs {
     pub recursive: bool,
 
     /// Replace each input with its output: the original is removed only
-    /// after the output is fsynced and renamed into place.
+    /// after the output is fsynced and renamed into place, and only if it
+    /// is still the file that was read (one that changed is kept).
     #[arg(long, conflicts_with = "output")]
     pub in_place: bool,
 

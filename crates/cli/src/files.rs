@@ -5,7 +5,7 @@
 use std::fs::{self, File};
 use std::io::{self, IsTerminal, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -14,6 +14,7 @@ use tpmcrypt_cipher::StreamOptions;
 use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile, PARTIAL_MARKER};
 use crate::exit::{self, usage};
+use crate::stamp::Stamp;
 
 /// Suffix of encrypted files.
 pub const SUFFIX: &str = "tpmc";
@@ -247,6 +248,21 @@ impl Write for Tap<'_> {
     }
 }
 
+/// A regular input whose size or time stamps changed while it was read:
+/// what was read may mix two versions of it, so the output is not kept
+/// (or, already streamed to stdout or a device, is reported as such).
+#[derive(Debug, thiserror::Error)]
+#[error("changed while it was being read (size or time stamps differ); {outcome}")]
+pub struct InputChanged {
+    outcome: &'static str,
+}
+
+/// An `--in-place` original that changed, or was replaced, after it was
+/// read: it is kept beside its new output rather than removed.
+#[derive(Debug, thiserror::Error)]
+#[error("changed or replaced after it was read; kept it (its output is complete)")]
+pub struct OriginalChanged;
+
 /// Totals over a run.
 #[derive(Default, Debug)]
 pub struct Summary {
@@ -295,11 +311,12 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
 }
 
 fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow::Result<u64> {
-    let (mut input, size, mode) = match &task.source {
+    let (mut input, size, mode, stamp) = match &task.source {
         Source::Stdin => (
             stdio_file(io::stdin().as_fd())?,
             None,
             0o666 & !current_umask(),
+            None,
         ),
         Source::File(path) => {
             if fs::metadata(path)?.is_dir() {
@@ -310,7 +327,8 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             let file = File::open(path)?;
             let meta = file.metadata()?;
             let size = meta.is_file().then_some(meta.len());
-            (file, size, meta.permissions().mode() & 0o777)
+            let stamp = meta.is_file().then(|| Stamp::of(&meta));
+            (file, size, meta.permissions().mode() & 0o777, stamp)
         }
     };
     let workers = match size {
@@ -333,20 +351,29 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         kind: opts.output_kind,
     };
     // Runs the transform into `out`; a failure after a failed write is
-    // the output's.
-    let mut transform_into =
-        |out: &mut (dyn Write + Send), name: &dyn std::fmt::Display| -> anyhow::Result<u64> {
-            let mut tap = Tap {
-                inner: out,
-                failed: false,
-            };
-            let r = transform(&mut input, &mut tap, &stream_opts);
-            match r {
-                Ok(n) => Ok(n),
-                Err(e) if tap.failed => Err(anyhow::Error::new(e).context(write_error(name))),
-                Err(e) => Err(e.into()),
-            }
+    // the output's. A regular input must be as it was before the read.
+    let mut transform_into = |out: &mut (dyn Write + Send),
+                              name: &dyn std::fmt::Display,
+                              outcome: &'static str|
+     -> anyhow::Result<u64> {
+        let mut tap = Tap {
+            inner: out,
+            failed: false,
         };
+        let n = match transform(&mut input, &mut tap, &stream_opts) {
+            Ok(n) => n,
+            Err(e) if tap.failed => return Err(anyhow::Error::new(e).context(write_error(name))),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(st0) = stamp {
+            if Stamp::of(&input.metadata()?) != st0 {
+                return Err(InputChanged { outcome }.into());
+            }
+        }
+        Ok(n)
+    };
+    const STREAMED: &str = "what was written is not a copy of one version of it";
+    const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
         Sink::Stdout => {
             let stdout = io::stdout();
@@ -356,12 +383,12 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 ));
             }
             let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &"<stdout>")?
+            transform_into(&mut out, &"<stdout>", STREAMED)?
         }
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform_into(&mut out, &dest.display())?
+            transform_into(&mut out, &dest.display(), STREAMED)?
         }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
@@ -369,9 +396,13 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 .with_context(|| format!("creating {}", dest.display()))?;
             let durable = opts.in_place || !opts.no_sync;
             let n = if durable {
-                transform_into(&mut atomic::Writeback::new(out.file()), &dest.display())?
+                transform_into(
+                    &mut atomic::Writeback::new(out.file()),
+                    &dest.display(),
+                    DISCARDED,
+                )?
             } else {
-                transform_into(out.file(), &dest.display())?
+                transform_into(out.file(), &dest.display(), DISCARDED)?
             };
             if durable {
                 // Delayed allocation can report a full disk only here.
@@ -391,8 +422,8 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 }
             })?;
             if opts.in_place {
-                if let Source::File(src) = &task.source {
-                    atomic::remove_durably(src).context("removing the original")?;
+                if let (Source::File(src), Some(st0)) = (&task.source, &stamp) {
+                    remove_original(src, &input, st0)?;
                 }
             }
             n
@@ -402,6 +433,18 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         bar.finish_and_clear();
     }
     Ok(n)
+}
+
+/// Removes an `--in-place` original once its output is durable, but only
+/// while it is still the file that was read: unchanged through the open
+/// file, and still under its name (an editor that saved a new version by
+/// renaming it into place keeps that version).
+fn remove_original(path: &Path, file: &File, st0: &Stamp) -> anyhow::Result<()> {
+    let named = fs::symlink_metadata(path).context("removing the original")?;
+    if Stamp::of(&file.metadata()?) != *st0 || named.dev() != st0.dev || named.ino() != st0.ino {
+        return Err(OriginalChanged.into());
+    }
+    atomic::remove_durably(path).context("removing the original")
 }
 
 /// An existing output that is neither a regular file nor a directory

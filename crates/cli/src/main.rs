@@ -8,6 +8,7 @@ mod exit;
 mod files;
 mod harden;
 mod keys;
+mod stamp;
 mod tpm;
 
 use clap::{CommandFactory, Parser};

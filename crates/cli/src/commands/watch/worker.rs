@@ -17,9 +17,10 @@ use anyhow::{bail, Context as _};
 use sha2::{Digest, Sha256};
 use tpmcrypt_cipher::{Decryptor, Encryptor, Header, StreamOptions};
 
-use super::fsio::{self, Kind, OpenError, Stamp, Writers};
+use super::fsio::{self, Kind, OpenError, Writers};
 use super::journal::Record;
 use crate::atomic::AtomicFile;
+use crate::stamp::Stamp;
 
 /// One session: the key every file is encrypted under until the next
 /// rotation, and a decryptor that knows it (for verification).
