@@ -10,7 +10,7 @@ use std::fs;
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
@@ -1495,6 +1495,83 @@ fn in_place_keeps_an_original_that_changed_after_the_read() {
         );
         assert!(partials(d).is_empty(), "{:?}", partials(d));
     }
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP remove the temporary at once (it no longer
+/// waits for the next run), and the process still ends by that signal:
+/// mid-stream (stdin held open) and in `--in-place`'s final fsync (held by
+/// strace), where the original must stay.
+#[test]
+fn interrupt_removes_the_temporary_at_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let signal = |pid: u32, name: &str| {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name}");
+    };
+    for (name, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
+        let mut child = tpmcrypt(d)
+            .args(["encrypt", "-R", &r, "-o", "out.tpmc", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&bytes(3 << 20, 24)).unwrap();
+        wait_for_len(&partial_path(d), 1 << 20, "a segment written");
+        signal(child.id(), name);
+        let status = child.wait().unwrap();
+        drop(stdin);
+        assert_eq!(status.signal(), Some(number), "SIG{name}: {status}");
+        assert!(partials(d).is_empty(), "SIG{name}: {:?}", partials(d));
+        assert!(!d.join("out.tpmc").exists(), "SIG{name}: output");
+    }
+
+    let data = bytes(3 << 20, 25);
+    fs::write(d.join("p"), &data).unwrap();
+    let child = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
+        .args(["-e", "inject=fsync:delay_enter=500000:when=1"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &r, "--in-place", "p"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace (installed by scripts/setup-deps)");
+    let partial = partial_path(d);
+    let started = Instant::now();
+    // The whole output is written before its fsync: wait for it to stop growing.
+    let mut last = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+        if now > data.len() as u64 && now == last {
+            break;
+        }
+        last = now;
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "output never complete"
+        );
+    }
+    let pid = common::child_pids_of(child.id())
+        .into_iter()
+        .next()
+        .expect("tpmcrypt under strace");
+    signal(pid, "TERM");
+    let res: Run = child.wait_with_output().unwrap().into();
+    assert_ne!(res.code, 0, "in place: {}", res.stderr);
+    assert!(partials(d).is_empty(), "in place: {:?}", partials(d));
+    assert!(
+        fs::read(d.join("p")).unwrap() == data,
+        "in place: the original"
+    );
+    assert!(!d.join("p.tpmc").exists(), "in place: output");
 }
 
 /// SIGKILL at random moments of `--in-place` over many files: every file is

@@ -129,6 +129,16 @@ pub fn kill_trials() -> usize {
         .unwrap_or(20)
 }
 
+/// The children of process `pid` (from /proc), e.g. the program a wrapper
+/// such as strace started.
+pub fn child_pids_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
 /// xorshift64: random but reproducible choices (kill moments, file sizes).
 pub struct Rng(pub u64);
 

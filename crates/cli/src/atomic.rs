@@ -3,6 +3,8 @@
 //! directory fsynced. A failed or interrupted run never leaves a partial
 //! file under the final name; the temporary is removed on drop, and one left
 //! by a crash (kill -9) carries a recognisable name that later runs clean up.
+//! An interrupt (Ctrl-C, SIGTERM, SIGHUP) removes the temporaries at once,
+//! once [`remove_temporaries_on_interrupt`] is in force.
 
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
@@ -10,9 +12,41 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 /// Marker in temporary file names: `.NAME.tpmcrypt-partial.PID.RANDOM`.
 pub const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
+
+/// The temporaries of this process that are being written. A rename into
+/// place happens under its lock, so an interrupt sees each output either
+/// as a temporary (and removes it) or complete under its final name.
+static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn pending() -> MutexGuard<'static, Vec<PathBuf>> {
+    // A panic elsewhere while holding it leaves the list itself intact.
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP remove the temporaries being
+/// written before the process ends by that signal (so a shell still sees
+/// 130, 143 or 129). Without it they would wait, hidden, for the next run
+/// with the same output to clean them up.
+pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            // Held to the end: no rename into place can follow the clean-up.
+            let list = pending();
+            for tmp in list.iter() {
+                let _ = fs::remove_file(tmp);
+            }
+            let _ = signal_hook::low_level::emulate_default_handler(signal);
+            std::process::exit(128 + signal);
+        }
+    });
+    Ok(())
+}
 
 /// An output file being written.
 pub struct AtomicFile {
@@ -43,6 +77,7 @@ impl AtomicFile {
                 std::process::id(),
                 random_u64()
             ));
+            let mut list = pending();
             match OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -50,6 +85,8 @@ impl AtomicFile {
                 .open(&tmp)
             {
                 Ok(file) => {
+                    list.push(tmp.clone());
+                    drop(list);
                     file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
                     return Ok(AtomicFile {
                         tmp,
@@ -100,12 +137,14 @@ impl AtomicFile {
     }
 
     fn rename(&mut self) -> io::Result<()> {
+        let mut list = pending();
         if self.replace {
             fs::rename(&self.tmp, &self.dest)?;
         } else {
             rename_noreplace(&self.tmp, &self.dest)?;
         }
         // From here the temporary name is gone; nothing for Drop to remove.
+        list.retain(|p| *p != self.tmp);
         self.tmp = PathBuf::new();
         Ok(())
     }
@@ -114,7 +153,9 @@ impl AtomicFile {
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.tmp.as_os_str().is_empty() {
+            let mut list = pending();
             let _ = fs::remove_file(&self.tmp);
+            list.retain(|p| *p != self.tmp);
         }
     }
 }

@@ -279,6 +279,9 @@ pub struct Summary {
 /// Runs `transform` over every task; a failing task is reported as
 /// `error: <file>: <cause>` and does not stop the others.
 pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summary {
+    // Best effort: without it an interrupted run's temporary waits for the
+    // next run to clean it up, as after kill -9.
+    let _ = atomic::remove_temporaries_on_interrupt();
     let mut summary = Summary::default();
     for task in tasks {
         match run_one(task, opts, transform) {
