@@ -1574,6 +1574,35 @@ fn interrupt_removes_the_temporary_at_once() {
     assert!(!d.join("p.tpmc").exists(), "in place: output");
 }
 
+/// A file name with a newline or a terminal escape sequence is encrypted
+/// like any other, and an error about it stays one line with the control
+/// characters shown escaped, never sent to the terminal.
+#[test]
+fn control_characters_in_names_are_escaped_in_errors() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let name = "a\nb\u{1b}[31m";
+    fs::write(d.join(name), b"odd").unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, name]), "odd name");
+    let ct = format!("{name}.tpmc");
+    assert!(d.join(&ct).exists());
+    let res = run(d, &["encrypt", "-R", &r, name]);
+    assert_error(&res, 1, "a\\nb\\x1b[31m", "odd name, output exists");
+    assert!(
+        res.stderr.contains("a\\nb\\x1b[31m.tpmc already exists"),
+        "{}",
+        res.stderr
+    );
+    assert!(
+        !res.stderr.contains('\u{1b}'),
+        "raw escape: {:?}",
+        res.stderr
+    );
+    let res = run(d, &["decrypt", "-i", "id", "-o", "-", &ct]);
+    assert_ok(&res, "decrypt odd name");
+    assert_eq!(res.stdout, b"odd");
+}
+
 /// SIGKILL at random moments of `--in-place` over many files: every file is
 /// there as plaintext or as ciphertext that decrypts to it, never neither.
 #[test]

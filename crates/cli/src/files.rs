@@ -295,7 +295,7 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
                     Some(w) => w.output.clone(),
                     None => task.label(),
                 };
-                eprintln!("error: {label}: {}", one_line(&err));
+                eprintln!("error: {}: {}", printable(&label), one_line(&err));
                 summary.failed += 1;
                 summary.first_code.get_or_insert(code);
             }
@@ -304,9 +304,26 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     summary
 }
 
-/// The cause chain on one line.
+/// The cause chain on one line, as [`printable`].
 pub fn one_line(err: &anyhow::Error) -> String {
-    format!("{err:#}").replace('\n', " ")
+    printable(&format!("{err:#}"))
+}
+
+/// Text as it may stand in one line on a terminal: control characters (a
+/// newline in a file name, a terminal escape sequence) are shown escaped,
+/// `\n`, `\x1b`, never passed through.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
@@ -495,6 +512,15 @@ mod tests {
             backend: None,
             inputs: inputs.iter().map(PathBuf::from).collect(),
         }
+    }
+
+    #[test]
+    fn printable_escapes_control_characters_only() {
+        assert_eq!(printable("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+        assert_eq!(printable("\u{1b}[2J\u{7f}\u{9b}"), "\\x1b[2J\\x7f\\x9b");
+        assert_eq!(printable("été/日本 \\ ok"), "été/日本 \\ ok");
+        let err = anyhow::anyhow!("line one\nline two").context("x\ny");
+        assert_eq!(one_line(&err), "x\\ny: line one\\nline two");
     }
 
     #[test]

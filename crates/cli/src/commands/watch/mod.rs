@@ -101,5 +101,5 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
 
 /// A relative path for log lines.
 fn show(rel: &Path) -> String {
-    rel.display().to_string()
+    crate::files::printable(&rel.display().to_string())
 }
