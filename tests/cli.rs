@@ -1603,6 +1603,35 @@ fn control_characters_in_names_are_escaped_in_errors() {
     assert_eq!(res.stdout, b"odd");
 }
 
+/// `encrypt --in-place` refuses a file with other hard links (removing one
+/// name would leave the plaintext under the others); `decrypt --in-place`
+/// of a linked ciphertext is fine.
+#[test]
+fn in_place_encryption_refuses_hard_linked_files() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("f"), b"secret").unwrap();
+    fs::hard_link(d.join("f"), d.join("g")).unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "--in-place", "f"]);
+    assert_error(&res, 1, "f", "hard-linked original");
+    assert!(res.stderr.contains("has 2 hard links"), "{}", res.stderr);
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
+    assert_eq!(fs::read(d.join("g")).unwrap(), b"secret");
+    assert!(!d.join("f.tpmc").exists());
+    assert!(partials(d).is_empty());
+
+    fs::remove_file(d.join("g")).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "--in-place", "f"]),
+        "one link",
+    );
+    fs::hard_link(d.join("f.tpmc"), d.join("copy.tpmc")).unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "--in-place", "f.tpmc"]);
+    assert_ok(&res, "decrypt a linked ciphertext in place");
+    assert_eq!(fs::read(d.join("f")).unwrap(), b"secret");
+    assert!(!d.join("f.tpmc").exists() && d.join("copy.tpmc").exists());
+}
+
 /// SIGKILL at random moments of `--in-place` over many files: every file is
 /// there as plaintext or as ciphertext that decrypts to it, never neither.
 #[test]

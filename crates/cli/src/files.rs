@@ -263,6 +263,12 @@ pub struct InputChanged {
 #[error("changed or replaced after it was read; kept it (its output is complete)")]
 pub struct OriginalChanged;
 
+/// `encrypt --in-place` of a file with other hard links: removing this name
+/// would leave the plaintext readable under the others, so nothing is done.
+#[derive(Debug, thiserror::Error)]
+#[error("has {0} hard links: --in-place would leave the plaintext under the others (encrypt without --in-place, or remove the other links)")]
+pub struct SharedOriginal(u64);
+
 /// Totals over a run.
 #[derive(Default, Debug)]
 pub struct Summary {
@@ -346,6 +352,10 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             // `<(tar c dir)`) are streamed.
             let file = File::open(path)?;
             let meta = file.metadata()?;
+            if opts.in_place && opts.output_kind == "ciphertext" && meta.nlink() > 1 {
+                // Removing one name would leave the plaintext under the others.
+                return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
+            }
             let size = meta.is_file().then_some(meta.len());
             let stamp = meta.is_file().then(|| Stamp::of(&meta));
             (file, size, meta.permissions().mode() & 0o777, stamp)
