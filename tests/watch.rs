@@ -659,6 +659,39 @@ fn delete_plaintext_removes_only_verified_sources() {
     assert_eq!(got[Path::new("open")], b"still being written");
 }
 
+/// Under --delete-plaintext a source with another hard link is encrypted
+/// but kept (removing one name would leave the plaintext under the other),
+/// with a warning, and not encrypted again while unchanged.
+#[test]
+fn delete_plaintext_keeps_hard_linked_sources() {
+    let s = Scratch::new();
+    write_file(&s.src().join("linked"), b"two names");
+    fs::hard_link(s.src().join("linked"), s.path().join("elsewhere")).expect("link");
+    write_file(&s.src().join("single"), b"one name");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    wait_for("single to go", Duration::from_secs(30), || {
+        !s.src().join("single").exists() && s.dest().join("linked.tpmc").exists()
+    });
+    // Time for any repeated encryption to show in the counters.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stop(child), 0);
+    assert_eq!(fs::read(s.src().join("linked")).unwrap(), b"two names");
+    assert!(
+        s.log(0).contains("linked: kept: it has 2 hard links"),
+        "{}",
+        s.log(0)
+    );
+    let st = s.stats();
+    assert_eq!(
+        (st["files"].as_u64(), st["deleted"].as_u64()),
+        (Some(2), Some(1)),
+        "{st}"
+    );
+    let got = s.decrypt_all();
+    assert_eq!(got[Path::new("linked")], b"two names");
+    assert_eq!(got[Path::new("single")], b"one name");
+}
+
 #[test]
 fn metrics_sighup_and_rotation() {
     let s = Scratch::new();

@@ -22,6 +22,8 @@ pub struct Stamp {
     pub ctime_ns: i128,
     /// Mode bits.
     pub mode: u32,
+    /// Hard links (names) it has.
+    pub nlink: u64,
 }
 
 fn now_ns() -> i128 {
@@ -41,6 +43,7 @@ impl Stamp {
             mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
             ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
             mode: m.mode(),
+            nlink: m.nlink(),
         }
     }
 

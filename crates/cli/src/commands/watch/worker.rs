@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use sha2::{Digest, Sha256};
 use tpmcrypt_cipher::{Decryptor, Encryptor, Header, StreamOptions};
+use tracing::warn;
 
 use super::fsio::{self, Kind, OpenError, Writers};
 use super::journal::Record;
+use super::show;
 use crate::atomic::AtomicFile;
 use crate::stamp::Stamp;
 
@@ -143,7 +145,10 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     };
     let st0 = Stamp::of(&file.metadata()?);
     let dest = ctx.dest_path(&job.rel);
-    if !ctx.delete {
+    // A source kept under --delete-plaintext (other hard links) is skipped
+    // like any source when unchanged.
+    let kept = ctx.delete && st0.nlink > 1;
+    if !ctx.delete || kept {
         if let Some(prev) = job.prev {
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
                 && ciphertext_present(&dest, prev.ct_len)
@@ -199,7 +204,14 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         ct_len,
     };
     let mut deleted = false;
-    if ctx.delete {
+    if kept {
+        warn!(
+            "{}: kept: it has {} hard links, and removing this name would leave the plaintext \
+             under the others",
+            show(&job.rel),
+            st0.nlink
+        );
+    } else if ctx.delete {
         verify(&session, &dest, &file).with_context(|| format!("verifying {}", dest.display()))?;
         let Some(name) = job.rel.file_name() else {
             bail!("no file name");
