@@ -1363,6 +1363,25 @@ fn append(path: &Path, data: &[u8]) {
         .unwrap();
 }
 
+/// Starts tpmcrypt under strace, which holds its first `syscall` for
+/// `delay_ms` milliseconds: a deterministic pause at a known point of a run.
+fn held_at_first(d: &Path, syscall: &str, delay_ms: u64, args: &[&str]) -> std::process::Child {
+    common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e"])
+        .arg(format!("trace={syscall}"))
+        .arg("-e")
+        .arg(format!(
+            "inject={syscall}:delay_enter={}:when=1",
+            delay_ms * 1000
+        ))
+        .arg(common::bin())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace (installed by scripts/setup-deps)")
+}
+
 /// A regular input that changes while it is read is not taken for what was
 /// read: to a file, the output is not kept (and an `--in-place` original is
 /// not removed); to stdout, the run fails. Each run is paused mid-read
@@ -1403,22 +1422,7 @@ fn input_changed_while_read_is_refused() {
         let mut args = vec!["encrypt", "-R", &r];
         args.extend(extra);
         args.push(name);
-        let child = common::wrapper(d, "strace")
-            .args([
-                "-f",
-                "-qq",
-                "-o",
-                "/dev/null",
-                "-e",
-                "trace=sync_file_range",
-            ])
-            .args(["-e", "inject=sync_file_range:delay_enter=400000:when=1"])
-            .arg(common::bin())
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("strace (installed by scripts/setup-deps)");
+        let child = held_at_first(d, "sync_file_range", 400, &args);
         wait_for_len(&partial_path(d), 16 << 20, "16 MiB written");
         append(&input, b"tail");
         let res: Run = child.wait_with_output().unwrap().into();
@@ -1458,15 +1462,7 @@ fn in_place_keeps_an_original_that_changed_after_the_read() {
     for how in ["rewritten", "renamed-over"] {
         let input = d.join(how);
         fs::write(&input, &old).unwrap();
-        let child = common::wrapper(d, "strace")
-            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
-            .args(["-e", "inject=fsync:delay_enter=500000:when=1"])
-            .arg(common::bin())
-            .args(["encrypt", "-R", &r, "--in-place", how])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("strace (installed by scripts/setup-deps)");
+        let child = held_at_first(d, "fsync", 500, &["encrypt", "-R", &r, "--in-place", how]);
         wait_for_len(&partial_path(d), full, "the whole output written");
         // Past the read and its check, into the delayed fsync.
         std::thread::sleep(Duration::from_millis(100));
@@ -1534,15 +1530,7 @@ fn interrupt_removes_the_temporary_at_once() {
 
     let data = bytes(3 << 20, 25);
     fs::write(d.join("p"), &data).unwrap();
-    let child = common::wrapper(d, "strace")
-        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync"])
-        .args(["-e", "inject=fsync:delay_enter=500000:when=1"])
-        .arg(common::bin())
-        .args(["encrypt", "-R", &r, "--in-place", "p"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("strace (installed by scripts/setup-deps)");
+    let child = held_at_first(d, "fsync", 500, &["encrypt", "-R", &r, "--in-place", "p"]);
     let partial = partial_path(d);
     let started = Instant::now();
     // The whole output is written before its fsync: wait for it to stop growing.
