@@ -1591,6 +1591,40 @@ fn control_characters_in_names_are_escaped_in_errors() {
     assert_eq!(res.stdout, b"odd");
 }
 
+/// A name whose `.tpmc` output is just within the 255-byte limit encrypts
+/// and decrypts (its temporary is named to fit); one whose output would not
+/// fit is refused in one line, with nothing written.
+#[test]
+fn names_near_the_length_limit() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let long = "n".repeat(250);
+    fs::write(d.join(&long), b"long name").unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "--in-place", &long]),
+        "250 bytes",
+    );
+    assert!(d.join(format!("{long}.tpmc")).exists() && !d.join(&long).exists());
+    let ct = format!("{long}.tpmc");
+    assert_ok(
+        &run(d, &["decrypt", "-i", "id", "--in-place", &ct]),
+        "decrypt",
+    );
+    assert_eq!(fs::read(d.join(&long)).unwrap(), b"long name");
+
+    let too_long = "m".repeat(251);
+    fs::write(d.join(&too_long), b"x").unwrap();
+    let res = run(d, &["encrypt", "-R", &r, &too_long]);
+    assert_error(&res, 1, &too_long, "251 bytes");
+    assert!(
+        res.stderr.contains("creating"),
+        "refused before the work: {}",
+        res.stderr
+    );
+    assert!(res.stderr.contains("File name too long"), "{}", res.stderr);
+    assert!(partials(d).is_empty());
+}
+
 /// `encrypt --in-place` refuses a file with other hard links (removing one
 /// name would leave the plaintext under the others); `decrypt --in-place`
 /// of a linked ciphertext is fine.

@@ -48,6 +48,25 @@ pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
     Ok(())
 }
 
+/// The longest file name Linux file systems take (ext4, xfs, btrfs, tmpfs).
+const NAME_MAX: usize = 255;
+
+/// The start of a temporary's name, `.NAME.tpmcrypt-partial.`, before the
+/// PID and a random part. NAME is shortened (at a character boundary) so
+/// that the whole name stays within the 255 bytes a file name may have:
+/// an output whose own name is near that limit still gets a temporary.
+fn partial_prefix(name: &std::ffi::OsStr) -> String {
+    // The limit less the dot, the marker, a PID of up to 10 digits, a dot
+    // and 16 hex digits.
+    const NAME_ROOM: usize = NAME_MAX - 1 - PARTIAL_MARKER.len() - 10 - 1 - 16;
+    let name = name.to_string_lossy();
+    let mut end = name.len().min(NAME_ROOM);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(".{}{PARTIAL_MARKER}", &name[..end])
+}
+
 /// An output file being written.
 pub struct AtomicFile {
     tmp: PathBuf,
@@ -68,12 +87,15 @@ impl AtomicFile {
         let name = dest.file_name().ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "output has no file name")
         })?;
+        if name.len() > NAME_MAX {
+            // Known before any work is done, rather than at the rename.
+            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        }
+        let prefix = partial_prefix(name);
         let mut last_err = None;
         for _ in 0..16 {
             let tmp = dir.join(format!(
-                ".{}{}{}.{:016x}",
-                name.to_string_lossy(),
-                PARTIAL_MARKER,
+                "{prefix}{}.{:016x}",
                 std::process::id(),
                 random_u64()
             ));
@@ -305,7 +327,7 @@ pub fn clean_stale_partials(dest: &Path) -> usize {
     let Some(name) = dest.file_name() else {
         return 0;
     };
-    let prefix = format!(".{}{}", name.to_string_lossy(), PARTIAL_MARKER);
+    let prefix = partial_prefix(name);
     let Ok(entries) = fs::read_dir(parent_dir(dest)) else {
         return 0;
     };
@@ -339,6 +361,33 @@ fn pid_alive(pid: i32) -> bool {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn names_near_the_limit_get_a_temporary_that_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "x".repeat(255),
+            "é".repeat(127),
+            format!("{}.tpmc", "y".repeat(250)),
+        ] {
+            let dest = dir.path().join(&name);
+            let mut f = AtomicFile::create(&dest, 0o600, false).unwrap();
+            let tmp_name = f.tmp.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(tmp_name.len() <= 255, "{}", tmp_name.len());
+            assert!(tmp_name.starts_with(&partial_prefix(dest.file_name().unwrap())));
+            f.file().write_all(b"long").unwrap();
+            f.commit().unwrap();
+            assert_eq!(fs::read(&dest).unwrap(), b"long");
+            // A stale temporary of that output (a dead PID) is recognised.
+            let stale = dir.path().join(format!(
+                "{}2147483646.0000000000000000",
+                partial_prefix(dest.file_name().unwrap())
+            ));
+            fs::write(&stale, b"x").unwrap();
+            assert_eq!(clean_stale_partials(&dest), 1);
+            assert!(!stale.exists());
+        }
+    }
 
     #[test]
     fn commit_renames_and_drop_cleans() {
