@@ -1625,6 +1625,26 @@ fn names_near_the_length_limit() {
     assert!(partials(d).is_empty());
 }
 
+/// `-o DIR` is refused in one line that says why, with or without --force
+/// (it used to suggest --force, which cannot replace a directory).
+#[test]
+fn a_directory_as_output_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("a"), b"x").unwrap();
+    fs::create_dir(d.join("od")).unwrap();
+    for extra in [None, Some("--force")] {
+        let mut args = vec!["encrypt", "-R", &r, "-o", "od", "a"];
+        args.extend(extra);
+        let res = run(d, &args);
+        assert_error(&res, 1, "a", "-o DIR");
+        assert!(res.stderr.contains("od is a directory"), "{}", res.stderr);
+        assert!(!res.stderr.contains("--force"), "{}", res.stderr);
+    }
+    assert!(fs::read_dir(d.join("od")).unwrap().next().is_none());
+    assert!(partials(d).is_empty());
+}
+
 /// `encrypt --in-place` refuses a file with other hard links (removing one
 /// name would leave the plaintext under the others); `decrypt --in-place`
 /// of a linked ciphertext is fine.

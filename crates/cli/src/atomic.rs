@@ -80,8 +80,16 @@ impl AtomicFile {
     /// Starts writing `dest`. `mode` is applied to the file before it gets
     /// its final name. Fails early when `dest` exists and `replace` is false.
     pub fn create(dest: &Path, mode: u32, replace: bool) -> io::Result<Self> {
-        if !replace && fs::symlink_metadata(dest).is_ok() {
-            return Err(exists(dest));
+        match fs::symlink_metadata(dest) {
+            // Not even --force replaces a directory.
+            Ok(m) if m.is_dir() => {
+                return Err(io::Error::other(format!(
+                    "{} is a directory (an output is a file)",
+                    dest.display()
+                )))
+            }
+            Ok(_) if !replace => return Err(exists(dest)),
+            _ => {}
         }
         let dir = parent_dir(dest);
         let name = dest.file_name().ok_or_else(|| {
@@ -386,6 +394,21 @@ mod tests {
             fs::write(&stale, b"x").unwrap();
             assert_eq!(clean_stale_partials(&dest), 1);
             assert!(!stale.exists());
+        }
+    }
+
+    #[test]
+    fn a_directory_is_never_an_output() {
+        let dir = tempfile::tempdir().unwrap();
+        for replace in [false, true] {
+            let err = AtomicFile::create(dir.path(), 0o600, replace)
+                .err()
+                .expect("refused");
+            assert!(
+                err.to_string()
+                    .ends_with("is a directory (an output is a file)"),
+                "{err}"
+            );
         }
     }
 
