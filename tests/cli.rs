@@ -1645,6 +1645,40 @@ fn a_directory_as_output_is_refused() {
     assert!(partials(d).is_empty());
 }
 
+/// One input's output may not be another input of the same run: `encrypt
+/// --force a a.tpmc` would overwrite a.tpmc before reading it. The run is
+/// refused before anything is written, however the names are spelled.
+#[test]
+fn an_output_that_is_another_input_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("a"), b"plain a").unwrap();
+    fs::write(d.join("a.tpmc"), b"some other file").unwrap();
+    for args in [
+        vec!["encrypt", "-R", &r, "--force", "a", "a.tpmc"],
+        vec![
+            "encrypt",
+            "-R",
+            &r,
+            "--force",
+            "--in-place",
+            "./a.tpmc",
+            "a",
+        ],
+    ] {
+        let res = run(d, &args);
+        assert_usage(&res, "output is another input");
+        assert!(
+            res.stderr.contains("is an input and also the output of"),
+            "{}",
+            res.stderr
+        );
+        assert_eq!(fs::read(d.join("a")).unwrap(), b"plain a");
+        assert_eq!(fs::read(d.join("a.tpmc")).unwrap(), b"some other file");
+        assert_eq!(listing(d).len(), 3, "{:?}", listing(d)); // a, a.tpmc, id
+    }
+}
+
 /// `encrypt --in-place` refuses a file with other hard links (removing one
 /// name would leave the plaintext under the others); `decrypt --in-place`
 /// of a linked ciphertext is fine.

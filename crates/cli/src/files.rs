@@ -139,7 +139,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
             sink,
         }]);
     }
-    sources
+    let tasks = sources
         .into_iter()
         .map(|src| {
             Ok(Task {
@@ -147,7 +147,40 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
                 source: Source::File(src),
             })
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    refuse_outputs_that_are_inputs(&tasks)?;
+    Ok(tasks)
+}
+
+/// Refuses a run in which one input's output is another of its inputs
+/// (`encrypt a a.tpmc`): that input would be overwritten, with --force,
+/// before it is read.
+fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
+    let id = |m: &fs::Metadata| (m.dev(), m.ino());
+    let inputs: std::collections::HashMap<_, &Path> = tasks
+        .iter()
+        .filter_map(|t| match &t.source {
+            Source::File(p) => fs::metadata(p).ok().map(|m| (id(&m), p.as_path())),
+            Source::Stdin => None,
+        })
+        .collect();
+    for task in tasks {
+        let (Source::File(src), Sink::File(out)) = (&task.source, &task.sink) else {
+            continue;
+        };
+        // The output's own name: a symlink there is replaced, not followed.
+        let Ok(m) = fs::symlink_metadata(out) else {
+            continue;
+        };
+        if let Some(other) = inputs.get(&id(&m)).filter(|p| **p != src.as_path()) {
+            return Err(usage(format!(
+                "{} is an input and also the output of {}",
+                other.display(),
+                src.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Collects regular files under `dir`, never following symlinks. When
