@@ -232,9 +232,26 @@ pub struct RunOptions {
     pub progress: bool,
     /// Refuse to write to a terminal (ciphertext).
     pub refuse_tty_output: bool,
-    /// What the outputs hold, for error messages: "ciphertext" or
-    /// "plaintext".
-    pub output_kind: &'static str,
+    /// What the outputs hold: ciphertext when encrypting.
+    pub output_kind: Holds,
+}
+
+/// What a run's outputs hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    /// Encrypting: the inputs are plaintext.
+    Ciphertext,
+    /// Decrypting.
+    Plaintext,
+}
+
+impl std::fmt::Display for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Holds::Ciphertext => "ciphertext",
+            Holds::Plaintext => "plaintext",
+        })
+    }
 }
 
 /// Writing an output failed (disk full, file too large, broken pipe, …).
@@ -247,8 +264,8 @@ pub struct WriteError {
     pub output: String,
     /// The input's label.
     pub input: String,
-    /// "ciphertext" or "plaintext".
-    pub kind: &'static str,
+    /// What the output holds.
+    pub kind: Holds,
 }
 
 /// A writer that remembers whether a write to it failed, so a failure of
@@ -385,7 +402,7 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             // `<(tar c dir)`) are streamed.
             let file = File::open(path)?;
             let meta = file.metadata()?;
-            if opts.in_place && opts.output_kind == "ciphertext" && meta.nlink() > 1 {
+            if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
                 // Removing one name would leave the plaintext under the others.
                 return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tpmcrypt_cipher::{backend, Decryptor, Encryptor, Mode, Params};
 
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
-use crate::files::{self, Naming, RunOptions, Summary};
+use crate::files::{self, Holds, Naming, RunOptions, Summary};
 use crate::keys;
 use crate::tpm::{Target, TpmAccess};
 use crate::Ui;
@@ -16,7 +16,7 @@ fn run_options(
     files: &FileArgs,
     ui: &Ui,
     refuse_tty_output: bool,
-    output_kind: &'static str,
+    output_kind: Holds,
 ) -> RunOptions {
     RunOptions {
         jobs: files.jobs.unwrap_or_else(|| {
@@ -89,7 +89,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         }
         encryptor = encryptor.with_backend(b);
     }
-    let opts = run_options(&args.files, ui, !args.allow_tty, "ciphertext");
+    let opts = run_options(&args.files, ui, !args.allow_tty, Holds::Ciphertext);
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
@@ -118,7 +118,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if let Some(b) = chosen_backend(args.files.backend)? {
         decryptor = decryptor.with_backend(b);
     }
-    let opts = run_options(&args.files, ui, false, "plaintext");
+    let opts = run_options(&args.files, ui, false, Holds::Plaintext);
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_file(input, output, stream)
     });
