@@ -1422,7 +1422,7 @@ fn input_changed_while_read_is_refused() {
         let mut args = vec!["encrypt", "-R", &r];
         args.extend(extra);
         args.push(name);
-        let child = held_at_first(d, "sync_file_range", 400, &args);
+        let child = held_at_first(d, "sync_file_range", 1000, &args);
         wait_for_len(&partial_path(d), 16 << 20, "16 MiB written");
         append(&input, b"tail");
         let res: Run = child.wait_with_output().unwrap().into();
@@ -1462,7 +1462,7 @@ fn in_place_keeps_an_original_that_changed_after_the_read() {
     for how in ["rewritten", "renamed-over"] {
         let input = d.join(how);
         fs::write(&input, &old).unwrap();
-        let child = held_at_first(d, "fsync", 500, &["encrypt", "-R", &r, "--in-place", how]);
+        let child = held_at_first(d, "fsync", 1500, &["encrypt", "-R", &r, "--in-place", how]);
         wait_for_len(&partial_path(d), full, "the whole output written");
         // Past the read and its check, into the delayed fsync.
         std::thread::sleep(Duration::from_millis(100));
@@ -1530,7 +1530,7 @@ fn interrupt_removes_the_temporary_at_once() {
 
     let data = bytes(3 << 20, 25);
     fs::write(d.join("p"), &data).unwrap();
-    let child = held_at_first(d, "fsync", 500, &["encrypt", "-R", &r, "--in-place", "p"]);
+    let child = held_at_first(d, "fsync", 1500, &["encrypt", "-R", &r, "--in-place", "p"]);
     let partial = partial_path(d);
     let started = Instant::now();
     // The whole output is written before its fsync: wait for it to stop growing.
