@@ -1339,6 +1339,17 @@ fn wait_for_len(path: &Path, len: u64, what: &str) {
     }
 }
 
+/// The length of the ciphertext of `data` (for one recipient, default
+/// parameters), from a reference run in `d`, whose files it removes.
+fn output_len(d: &Path, r: &str, data: &[u8]) -> u64 {
+    fs::write(d.join("ref"), data).unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", r, "ref"]), "reference run");
+    let len = fs::metadata(d.join("ref.tpmc")).unwrap().len();
+    fs::remove_file(d.join("ref")).unwrap();
+    fs::remove_file(d.join("ref.tpmc")).unwrap();
+    len
+}
+
 /// The one partial output in `dir`, once it exists.
 fn partial_path(dir: &Path) -> PathBuf {
     let started = Instant::now();
@@ -1455,10 +1466,7 @@ fn in_place_keeps_an_original_that_changed_after_the_read() {
     let id_text = fs::read_to_string(d.join("id")).unwrap();
     let old = bytes(3 << 20, 22);
     let new = bytes(1000, 23);
-    // The output's full length, from a run on the same bytes.
-    fs::write(d.join("ref"), &old).unwrap();
-    assert_ok(&run(d, &["encrypt", "-R", &r, "ref"]), "reference run");
-    let full = fs::metadata(d.join("ref.tpmc")).unwrap().len();
+    let full = output_len(d, &r, &old);
     for how in ["rewritten", "renamed-over"] {
         let input = d.join(how);
         fs::write(&input, &old).unwrap();
@@ -1529,24 +1537,11 @@ fn interrupt_removes_the_temporary_at_once() {
     }
 
     let data = bytes(3 << 20, 25);
+    let full = output_len(d, &r, &data);
     fs::write(d.join("p"), &data).unwrap();
     let child = held_at_first(d, "fsync", 1500, &["encrypt", "-R", &r, "--in-place", "p"]);
-    let partial = partial_path(d);
-    let started = Instant::now();
-    // The whole output is written before its fsync: wait for it to stop growing.
-    let mut last = 0;
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let now = fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
-        if now > data.len() as u64 && now == last {
-            break;
-        }
-        last = now;
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "output never complete"
-        );
-    }
+    // The whole output is written before its fsync.
+    wait_for_len(&partial_path(d), full, "the whole output written");
     let pid = common::child_pids_of(child.id())
         .into_iter()
         .next()
