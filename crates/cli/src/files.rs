@@ -157,6 +157,11 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
 /// before it is read.
 fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
     let id = |m: &fs::Metadata| (m.dev(), m.ino());
+    // Usually no output exists yet: then the inputs need no second look.
+    let exists = |t: &Task| matches!(&t.sink, Sink::File(out) if fs::symlink_metadata(out).is_ok());
+    if !tasks.iter().any(exists) {
+        return Ok(());
+    }
     let inputs: std::collections::HashMap<_, &Path> = tasks
         .iter()
         .filter_map(|t| match &t.source {
