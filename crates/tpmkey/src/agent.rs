@@ -7,9 +7,21 @@
 //!
 //! # Protocol
 //! One request per connection on a Unix stream socket
-//! (`$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, mode 0600 in a 0700 directory;
-//! `TPMCRYPT_AGENT_SOCK` overrides). The agent accepts only peers with its
-//! own uid (SO_PEERCRED).
+//! (`$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, else
+//! `${TMPDIR:-/tmp}/tpmcrypt-UID/tpmcrypt/agent.sock`; mode 0600 in a 0700
+//! directory; `TPMCRYPT_AGENT_SOCK` overrides).
+//!
+//! # Who may talk to whom
+//! Both ends check the other before a secret moves (see [`crate::trust`]):
+//! * the agent accepts only peers with its own uid (`SO_PEERCRED`), and
+//!   binds only in a directory owned by its uid, writable by nobody else,
+//!   under directories that are the user's or root's;
+//! * a client sends nothing (not even a PING) to a socket whose directory
+//!   or socket file fails those checks, and on every connection verifies
+//!   that the listening process runs as its own uid (`SO_PEERCRED` on the
+//!   client side). Another local user who creates the directory first, or
+//!   listens on a socket there, is refused and named in a warning; a
+//!   decrypt then goes on without the agent.
 //!
 //! ```text
 //! request  = version (1) ‖ op (1) ‖ body
@@ -22,7 +34,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +43,7 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroize;
 
 use crate::error::{Error, Result};
+use crate::trust;
 
 /// Environment variable overriding the socket path.
 pub const ENV_SOCK: &str = "TPMCRYPT_AGENT_SOCK";
@@ -81,17 +94,49 @@ impl Drop for LockedSecret {
     }
 }
 
-/// The default socket path.
+/// The default socket path: `TPMCRYPT_AGENT_SOCK`, else
+/// `$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, else (cron, ssh sessions without
+/// a runtime directory) `${TMPDIR:-/tmp}/tpmcrypt-UID/tpmcrypt/agent.sock`,
+/// a place another user can reach first: hence [`AgentClient::connect`]'s
+/// checks.
 pub fn socket_path() -> PathBuf {
-    if let Some(p) = std::env::var_os(ENV_SOCK).filter(|s| !s.is_empty()) {
+    let non_empty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
+    if let Some(p) = non_empty(ENV_SOCK) {
         return PathBuf::from(p);
     }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|s| !s.is_empty())
+    let base = non_empty("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
-        // SAFETY: getuid cannot fail.
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/tpmcrypt-{}", unsafe { libc::getuid() })));
+        .unwrap_or_else(|| {
+            let tmp = non_empty("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+            tmp.join(format!("tpmcrypt-{}", trust::euid()))
+        });
     base.join("tpmcrypt").join("agent.sock")
+}
+
+/// Checks the socket at `path` and its directory before anything is sent
+/// there. `Ok(false)`: nothing is there (no agent).
+fn check_socket(path: &Path) -> Result<bool> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        // ENOTDIR: a component of the path is a file; nothing listens there.
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            return Ok(false)
+        }
+        Err(e) => return Err(io_err(path, e)),
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        trust::check_private_dir(dir, "the agent's socket directory")?;
+    }
+    if !meta.file_type().is_socket() {
+        return Err(Error::Untrusted {
+            path: path.to_path_buf(),
+            why: "the agent's socket path is not a socket".into(),
+        });
+    }
+    trust::check_private(path, &meta, "the agent's socket")?;
+    Ok(true)
 }
 
 fn io_err(path: &Path, e: io::Error) -> Error {
@@ -107,16 +152,45 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
-    /// A client for the agent at `path`, if one answers there.
-    pub fn connect(path: &Path) -> Option<AgentClient> {
+    /// A client for the agent at `path`, if one answers there: `Ok(None)`
+    /// if no socket is there or nothing listens on it; an error
+    /// ([`Error::Untrusted`]) if the socket, its directory or the process
+    /// listening on it could belong to another user, in which case nothing
+    /// was sent.
+    pub fn connect(path: &Path) -> Result<Option<AgentClient>> {
+        if !check_socket(path)? {
+            return Ok(None);
+        }
         let client = AgentClient {
             path: path.to_path_buf(),
         };
-        client.ping().ok().map(|_| client)
+        match client.ping() {
+            Ok(_) => Ok(Some(client)),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(Error::Untrusted {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }),
+            Err(_) => Ok(None),
+        }
     }
 
     fn call(&self, request: &[u8], response_len: usize) -> io::Result<Vec<u8>> {
         let mut stream = UnixStream::connect(&self.path)?;
+        // The peer is checked on every connection, before a byte is sent:
+        // the socket may have been replaced since `connect` checked it.
+        let me = trust::euid();
+        match trust::peer_uid(&stream)? {
+            uid if uid == me => {}
+            uid => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the process listening on the agent's socket runs as uid {uid}, not as \
+                         you (uid {me}); nothing was sent to it"
+                    ),
+                ))
+            }
+        }
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
         stream.set_write_timeout(Some(IO_TIMEOUT))?;
         stream.write_all(request)?;
@@ -195,15 +269,17 @@ impl Agent {
         // umask denies others the write permission that connect needs), and
         // every peer's uid is checked. The umask is left alone: changing it
         // would race with other threads creating files.
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
                 .map_err(|e| io_err(dir, e))?;
+            // A directory that existed already may be another user's.
+            trust::check_private_dir(dir, "the agent's socket directory")?;
         }
-        if path.exists() {
-            if AgentClient::connect(path).is_some() {
+        if fs::symlink_metadata(path).is_ok() {
+            if AgentClient::connect(path)?.is_some() {
                 return Err(Error::InvalidInput(format!(
                     "an agent is already running at {}",
                     path.display()
@@ -265,7 +341,8 @@ impl Agent {
 
     /// Handles one connection; returns true on STOP.
     fn handle(&mut self, mut stream: UnixStream) -> bool {
-        if !peer_is_us(&stream) {
+        // SO_PEERCRED: only our own uid may talk to the agent.
+        if !trust::peer_uid(&stream).is_ok_and(|uid| uid == trust::euid()) {
             return false;
         }
         let _ = stream.set_nonblocking(false);
@@ -324,29 +401,6 @@ impl Drop for Agent {
         self.secrets.clear();
         let _ = fs::remove_file(&self.path);
     }
-}
-
-/// SO_PEERCRED: only our own uid may talk to the agent.
-fn peer_is_us(stream: &UnixStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid out-pointers of the right size.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    // SAFETY: getuid cannot fail.
-    rc == 0 && cred.uid == unsafe { libc::getuid() }
 }
 
 /// Parses durations like `15m`, `90s`, `2h`, `1h30m`.
@@ -416,7 +470,7 @@ mod tests {
         let flag = stop.clone();
         let server = std::thread::spawn(move || agent.serve(&flag));
 
-        let client = AgentClient::connect(&path).expect("agent answers");
+        let client = AgentClient::connect(&path).unwrap().expect("agent answers");
         assert!(
             Agent::bind(&path, Duration::from_secs(1)).is_err(),
             "second agent refused"
@@ -434,7 +488,7 @@ mod tests {
         client.stop().unwrap();
         server.join().unwrap().unwrap();
         assert!(!path.exists(), "socket removed on stop");
-        assert!(AgentClient::connect(&path).is_none());
+        assert!(AgentClient::connect(&path).unwrap().is_none());
     }
 
     #[test]
@@ -445,7 +499,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let server = std::thread::spawn(move || agent.serve(&flag));
-        let client = AgentClient::connect(&path).unwrap();
+        let client = AgentClient::connect(&path).unwrap().unwrap();
         client.put(&[1; 32], &[2; 32]).unwrap();
         stop.store(true, Ordering::Relaxed);
         server.join().unwrap().unwrap();

@@ -101,6 +101,23 @@ pub enum Error {
     #[error("keystore: {0}")]
     Keystore(String),
 
+    /// A path that another user could have placed or changed (see
+    /// [`crate::trust`]): refused before anything secret goes near it.
+    #[error("{path}: {why}")]
+    Untrusted { path: PathBuf, why: String },
+
+    /// A key needs a PIN and none can be had (no terminal, no PIN given).
+    #[error("{0}")]
+    PinUnavailable(String),
+
+    /// A PIN the TPM refused earlier in this run: not presented again, so
+    /// that one wrong PIN costs one dictionary-attack try.
+    #[error(
+        "the PIN for key {0} was refused earlier in this run; not trying it again (each try \
+         counts towards the TPM's dictionary-attack lockout)"
+    )]
+    PinRefusedBefore(String),
+
     /// File system errors, with the path involved.
     #[error("{path}: {source}")]
     Io {
@@ -123,7 +140,9 @@ impl Error {
             | Error::PcrMismatch { .. }
             | Error::WrongPin
             | Error::Lockout { .. }
-            | Error::WrongTpm { .. } => ExitClass::TpmRefused,
+            | Error::WrongTpm { .. }
+            | Error::PinUnavailable(_)
+            | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
             _ => ExitClass::Other,
         }
     }

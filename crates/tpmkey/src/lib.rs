@@ -15,6 +15,7 @@
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
 //! * [`agent`]     – the session-key agent: protocol, client, server.
+//! * [`trust`]     – ownership checks of the socket and keystore paths.
 //! * [`error`]     – the [`Error`] type and how it maps to CLI exit codes.
 
 pub mod agent;
@@ -26,6 +27,7 @@ pub mod pcr;
 pub mod simulator;
 pub mod tcti;
 pub mod tpm;
+pub mod trust;
 
 pub use error::{Error, ExitClass, Result};
 pub use keyfile::{KeyAlg, KeyBlob, PolicyCommand};

@@ -23,7 +23,7 @@ pub struct AgentArgs {
 pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     let path = agent::socket_path();
     if args.stop {
-        let client = AgentClient::connect(&path)
+        let client = AgentClient::connect(&path)?
             .ok_or_else(|| anyhow::anyhow!("no agent is running at {}", path.display()))?;
         client.stop()?;
         eprintln!("agent stopped");
@@ -53,9 +53,20 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 pub struct AgentCache(AgentClient);
 
 impl AgentCache {
-    /// The agent at the default socket, if one is running.
+    /// The agent at the default socket, if one is running and passes the
+    /// ownership checks of [`AgentClient::connect`]. One that fails them
+    /// is named in a warning and not used: nothing is sent to it.
     pub fn connect() -> Option<AgentCache> {
-        AgentClient::connect(&agent::socket_path()).map(AgentCache)
+        match AgentClient::connect(&agent::socket_path()) {
+            Ok(client) => client.map(AgentCache),
+            Err(e) => {
+                eprintln!(
+                    "warning: not using the agent: {}",
+                    crate::files::printable(&e.to_string())
+                );
+                None
+            }
+        }
     }
 }
 

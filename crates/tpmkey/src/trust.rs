@@ -1,0 +1,187 @@
+//! Ownership checks for the paths tpmcrypt trusts with secrets: the agent's
+//! socket and its directory, and the keystore.
+//!
+//! The rule, the same as OpenSSH and GnuPG apply to their sockets and key
+//! directories: a path is trusted only if nobody but the caller (and root)
+//! could have put it there or changed it since.
+//! * the object itself (the keystore directory, a key file, the socket and
+//!   the directory holding it) is owned by the caller's effective uid and is
+//!   not writable by group or others;
+//! * every directory above it is owned by the caller or by root, and is not
+//!   writable by group or others unless it has the sticky bit (as `/tmp`
+//!   has), where only an entry's owner may rename or remove it.
+//!
+//! A Unix socket is further checked on every connection: the process on the
+//! other end must run as the caller's uid ([`peer_uid`], `SO_PEERCRED`).
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+const GROUP_OTHER_WRITE: u32 = 0o022;
+const STICKY: u32 = 0o1000;
+
+/// The caller's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+fn untrusted(path: &Path, why: String) -> Error {
+    Error::Untrusted {
+        path: path.to_path_buf(),
+        why,
+    }
+}
+
+/// Checks that `meta` (of `path`) is owned by the caller and not writable
+/// by group or others. `what` names the object in the error.
+pub fn check_private(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
+    let me = euid();
+    if meta.uid() != me {
+        return Err(untrusted(
+            path,
+            format!(
+                "{what} is owned by uid {}, not by you (uid {me}); another user may have put it there",
+                meta.uid()
+            ),
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_WRITE != 0 {
+        return Err(untrusted(
+            path,
+            format!(
+                "{what} is writable by other users (mode {:04o}); fix it with chmod go-w",
+                mode
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks every directory above `path` (which must exist): owned by the
+/// caller or root, and not writable by group or others unless sticky.
+pub fn check_ancestors(path: &Path) -> Result<()> {
+    let canonical = fs::canonicalize(path).map_err(|e| Error::io(path, e))?;
+    let me = euid();
+    for dir in canonical.ancestors().skip(1) {
+        let meta = fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(untrusted(
+                dir,
+                format!(
+                    "this directory above {} is owned by uid {}, neither you nor root",
+                    path.display(),
+                    meta.uid()
+                ),
+            ));
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & GROUP_OTHER_WRITE != 0 && mode & STICKY == 0 {
+            return Err(untrusted(
+                dir,
+                format!(
+                    "this directory above {} is writable by other users (mode {:04o}) and not sticky",
+                    path.display(),
+                    mode
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a directory the caller keeps secrets in: a directory, private
+/// ([`check_private`]), under trusted ancestors ([`check_ancestors`]).
+pub fn check_private_dir(dir: &Path, what: &str) -> Result<()> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if !meta.is_dir() {
+        return Err(untrusted(dir, format!("{what} is not a directory")));
+    }
+    check_private(dir, &meta, what)?;
+    check_ancestors(dir)
+}
+
+/// Checks a file the caller keeps secrets or trusted keys in: a regular
+/// file (not a symlink), owned by the caller, not writable by others.
+pub fn check_private_file(path: &Path, what: &str) -> Result<()> {
+    let meta = fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(untrusted(path, format!("{what} is not a regular file")));
+    }
+    check_private(path, &meta, what)
+}
+
+/// The uid of the process at the other end of a connected Unix socket.
+pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid out-pointers of the right size.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// A path with its reason, for warnings that name what was not trusted.
+pub fn describe(err: &Error) -> Option<(PathBuf, String)> {
+    match err {
+        Error::Untrusted { path, why } => Some((path.clone(), why.clone())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn private_dir_rules() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("d");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        check_private_dir(&dir, "dir").unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_private_dir(&dir, "the keystore")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("writable by other users (mode 0777)"), "{err}");
+        // A subdirectory of a world-writable, non-sticky directory.
+        let sub = dir.join("s");
+        fs::create_dir(&sub).unwrap();
+        fs::set_permissions(&sub, fs::Permissions::from_mode(0o700)).unwrap();
+        let err = check_private_dir(&sub, "dir").unwrap_err().to_string();
+        assert!(err.contains("above"), "{err}");
+        // Sticky makes it acceptable (as /tmp).
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+        check_private_dir(&sub, "dir").unwrap();
+        // A file, not a directory.
+        let file = sub.join("f");
+        fs::write(&file, b"x").unwrap();
+        assert!(check_private_dir(&file, "dir").is_err());
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        check_private_file(&file, "file").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o646)).unwrap();
+        assert!(check_private_file(&file, "file").is_err());
+    }
+}
