@@ -286,3 +286,178 @@ fn a_world_writable_socket_directory_of_our_own_is_refused() {
         0o777
     );
 }
+
+// ------------------------------------------------ exit codes tell the truth
+
+fn run_env(d: &Path, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut cmd = tpmcrypt(d);
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("spawn").into()
+}
+
+/// (environment, arguments, what the error line names).
+type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a [&'a str]);
+
+#[test]
+fn bad_values_of_tpm_pcrs_and_ttl_are_usage_errors() {
+    let dir = scratch();
+    let d = dir.path();
+    encrypted_file(d);
+    let cases: [Case; 6] = [
+        (
+            &[],
+            &["key", "create", "k", "--pcrs", "sha256:0,99"],
+            &["--pcrs", "99"],
+        ),
+        (
+            &[],
+            &["key", "create", "k", "--pcrs", "md5:0"],
+            &["--pcrs", "md5"],
+        ),
+        (
+            &[],
+            &[
+                "--tpm",
+                "bogus:x",
+                "decrypt",
+                "-i",
+                "rec.key",
+                "secret.txt.tpmc",
+            ],
+            &["--tpm", "bogus"],
+        ),
+        (
+            &[("TPMCRYPT_TCTI", "swtpm:host=127.0.0.1,port=99999")],
+            &["decrypt", "-i", "rec.key", "secret.txt.tpmc"],
+            &["--tpm", "99999"],
+        ),
+        (&[], &["agent", "--ttl", "5x"], &["--ttl", "5x"]),
+        (&[], &["agent", "--ttl", "0s"], &["--ttl", "0s"]),
+    ];
+    for (env, args, needles) in cases {
+        let r = run_env(d, env, args);
+        common::assert_error_line(&r, 2, None, needles, &format!("{args:?}"));
+    }
+}
+
+/// A real `TSS2 PRIVATE KEY` file (written by tpm2-tools), for the keystore
+/// commands that never touch a TPM.
+fn tools_key(d: &Path) -> PathBuf {
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpmkey/tests/data/tpm2-tools-rsa2048.pem");
+    let dst = d.join("tools.pem");
+    fs::copy(&src, &dst).expect("copy the key file");
+    dst
+}
+
+#[test]
+fn a_key_that_exists_is_exit_1_and_a_cause_is_printed_once() {
+    let dir = scratch();
+    let d = dir.path();
+    tools_key(d);
+    assert_ok(
+        &common::run(
+            d,
+            &["key", "import", "tools.pem", "--name", "k", "--no-pin"],
+        ),
+        "import",
+    );
+    let again = common::run(
+        d,
+        &["key", "import", "tools.pem", "--name", "k", "--no-pin"],
+    );
+    common::assert_error_line(
+        &again,
+        1,
+        None,
+        &["\"k\"", "exists already"],
+        "import twice",
+    );
+    let create = common::run(d, &["key", "create", "k"]);
+    common::assert_error_line(
+        &create,
+        1,
+        None,
+        &["\"k\"", "exists already"],
+        "create over",
+    );
+    let missing = common::run(d, &["key", "import", "missing.pem", "--name", "m"]);
+    common::assert_error_line(&missing, 1, None, &["missing.pem"], "import a missing file");
+    assert_eq!(
+        missing.stderr.matches("missing.pem").count(),
+        1,
+        "the path is named once: {}",
+        missing.stderr
+    );
+    assert_eq!(
+        missing
+            .stderr
+            .to_lowercase()
+            .matches("no such file")
+            .count(),
+        1,
+        "the cause is printed once: {}",
+        missing.stderr
+    );
+}
+
+// ------------------------------------- destroying a private key is confirmed
+
+#[test]
+fn destroying_a_private_key_needs_confirmation_everywhere() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = |args: &[&str]| {
+        let mut all = vec!["--simulator"];
+        all.extend_from_slice(args);
+        common::run(d, &all)
+    };
+    assert_ok(&sim(&["key", "create", "k"]), "create");
+    let key = d.join(".tpmcrypt-home/k.key.pem");
+    let before = fs::read(&key).unwrap();
+    let r = sim(&["key", "create", "k", "--force"]);
+    common::assert_error_line(
+        &r,
+        2,
+        None,
+        &["destroy the existing key k", "become unreadable", "--yes"],
+        "create --force without --yes",
+    );
+    assert_eq!(fs::read(&key).unwrap(), before, "the key was not replaced");
+    assert_ok(
+        &sim(&["key", "create", "k", "--force", "--yes"]),
+        "create --force --yes",
+    );
+    assert_ne!(fs::read(&key).unwrap(), before, "replaced once confirmed");
+
+    recovery(d, "rec.key");
+    let before = fs::read(d.join("rec.key")).unwrap();
+    let r = common::run(d, &["recovery", "create", "--out", "rec.key", "--force"]);
+    common::assert_error_line(
+        &r,
+        2,
+        None,
+        &["overwrite the recovery identity rec.key", "--yes"],
+        "recovery create --force without --yes",
+    );
+    assert_eq!(fs::read(d.join("rec.key")).unwrap(), before);
+    let r = common::run(
+        d,
+        &["recovery", "create", "--out", "rec.key", "--force", "--yes"],
+    );
+    assert_ok(&r, "recovery create --force --yes");
+    assert_ne!(fs::read(d.join("rec.key")).unwrap(), before);
+    assert_eq!(common::mode_of(&d.join("rec.key")), 0o600);
+    assert_eq!(
+        common::listing(d)
+            .iter()
+            .filter(|n| n.contains("rec.key"))
+            .count(),
+        1,
+        "no temporary left: {:?}",
+        common::listing(d)
+    );
+}

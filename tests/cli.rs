@@ -105,7 +105,10 @@ fn recovery_create_and_recipient() {
 
     // --force replaces it with a new key, still 0600.
     chmod(&d.join("id"), 0o644);
-    let r = run(d, &["recovery", "create", "--force", "--out", "id"]);
+    let r = run(
+        d,
+        &["recovery", "create", "--force", "--yes", "--out", "id"],
+    );
     assert_ok(&r, "recovery create --force");
     let second = String::from_utf8(r.stdout).unwrap().trim().to_string();
     assert!(second.starts_with("tpmcrypt-recovery:"));

@@ -23,7 +23,7 @@ pub struct Cli {
 
     /// The TPM, as a TCTI in tpm2-tools syntax (device:/dev/tpmrm0,
     /// swtpm:host=127.0.0.1,port=2321, tabrmd). Default device:/dev/tpmrm0.
-    #[arg(long, global = true, env = "TPMCRYPT_TCTI", value_name = "TCTI")]
+    #[arg(long, global = true, env = "TPMCRYPT_TCTI", value_name = "TCTI", value_parser = tcti_value)]
     pub tpm: Option<String>,
 
     /// Use a private software TPM (swtpm) whose state lives in the keystore.
@@ -241,15 +241,46 @@ pub enum RecoveryCommand {
         /// Where to write the identity (mode 0600). Keep it offline.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
-        /// Overwrite an existing file.
+        /// Overwrite an existing identity, destroying it (asks first; --yes
+        /// to confirm without a terminal).
         #[arg(short, long)]
         force: bool,
+        /// With --force: overwrite without asking.
+        #[arg(long, requires = "force")]
+        yes: bool,
     },
     /// Print the recipient string of an existing recovery identity.
     Recipient {
         /// The identity file.
         identity: PathBuf,
     },
+}
+
+/// `--tpm`/`TPMCRYPT_TCTI`, checked as it is parsed so that a bad TCTI is
+/// a usage error (exit 2), whichever command would have used it.
+/// An empty value (`TPMCRYPT_TCTI=`) means the default, as an unset one.
+pub fn tcti_value(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Ok(String::new());
+    }
+    s.parse::<tpmcrypt_tpmkey::Tcti>()
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `--pcrs BANK:LIST`, checked as it is parsed (a bad bank or index is a
+/// usage error).
+pub fn pcrs_value(s: &str) -> Result<String, String> {
+    tpmcrypt_tpmkey::PcrSelection::parse(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `--ttl DURATION`, checked as it is parsed.
+pub fn ttl_value(s: &str) -> Result<String, String> {
+    tpmcrypt_tpmkey::agent::parse_duration(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// A clap parse error as the one line every tpmcrypt error is: clap's

@@ -58,7 +58,7 @@ fn main() {
         verbose: cli.verbose,
         quiet: cli.quiet,
         keystore: cli.keystore.clone(),
-        tpm: cli.tpm.clone(),
+        tpm: cli.tpm.clone().filter(|t| !t.trim().is_empty()),
         simulator: cli.simulator,
     };
     let result = match &cli.command {

@@ -333,6 +333,25 @@ impl KeyBlob {
         KeyBlob::from_der(&der)
     }
 
+    /// What a `TSS2 PRIVATE KEY` PEM says of its authValue, as written:
+    /// `Some(true)` (emptyAuth TRUE: no PIN), `Some(false)` (an explicit
+    /// FALSE) or `None` (the field is absent, which the key-file
+    /// specification reads as "needs authorization"). [`KeyBlob`] folds the
+    /// last two together; an importer needs them apart, because tpm2-tools
+    /// up to 5.4 writes an explicit FALSE for keys *without* a password.
+    pub fn declared_empty_auth(pem: &str) -> Result<Option<bool>> {
+        let der = pem_decode(pem, PEM_LABEL)?;
+        let mut outer = Reader::new(&der);
+        let seq = outer.read(der::TAG_SEQUENCE)?;
+        let mut r = Reader::new(seq);
+        r.read(der::TAG_OID)?;
+        if r.peek_tag() != Some(der::context(0)) {
+            return Ok(None);
+        }
+        let content = r.read(der::context(0))?;
+        Ok(Some(Reader::new(content).read_bool()?))
+    }
+
     /// Encodes as a `TSS2 PRIVATE KEY` PEM.
     pub fn to_pem(&self) -> String {
         pem_encode(&self.to_der(), PEM_LABEL)

@@ -26,9 +26,15 @@ pub enum KeyCommand {
         /// Name in the keystore (default: the file name without extensions).
         #[arg(long)]
         name: Option<String>,
-        /// The key needs a PIN (tpm2-tools 5.4 writes the emptyAuth flag inverted).
-        #[arg(long)]
+        /// The key needs a PIN. Without --pin or --no-pin the key file's
+        /// emptyAuth field decides; an explicit FALSE there is ambiguous
+        /// (tpm2-tools up to 5.4 writes it for keys without a password) and
+        /// is refused until you say which.
+        #[arg(long, conflicts_with = "no_pin")]
         pin: bool,
+        /// The key has no PIN (see --pin).
+        #[arg(long)]
+        no_pin: bool,
     },
     /// List keys.
     List {
@@ -56,6 +62,29 @@ pub enum KeyCommand {
     },
 }
 
+/// Asks before a private key is destroyed: `--yes`, or a "y" typed on a
+/// terminal. Without either (a script, no terminal) it is a usage error
+/// naming what would be lost, so nothing is destroyed by accident.
+pub fn confirm_destroy(what: &str, yes: bool) -> anyhow::Result<bool> {
+    if yes {
+        return Ok(true);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(usage(format!(
+            "refusing to {what} without confirmation: add --yes"
+        )));
+    }
+    confirm(&format!("{}? [y/N] ", capitalize(what)))
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
 /// Key algorithm.
 #[derive(ValueEnum, Clone, Copy, Debug)]
 pub enum AlgArg {
@@ -74,7 +103,7 @@ pub struct CreateArgs {
     #[arg(long, value_enum, default_value_t = AlgArg::EccP256)]
     pub alg: AlgArg,
     /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
-    #[arg(long, value_name = "BANK:LIST")]
+    #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::pcrs_value)]
     pub pcrs: Option<String>,
     /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
     #[arg(long)]
@@ -83,9 +112,13 @@ pub struct CreateArgs {
     /// (tpmcrypt-recovery:… or a file holding one). May be repeated.
     #[arg(long, value_name = "RECIPIENT")]
     pub recovery: Vec<String>,
-    /// Replace an existing key of the same name.
+    /// Replace an existing key of the same name, destroying it (asks
+    /// first; --yes to confirm without a terminal).
     #[arg(short, long)]
     pub force: bool,
+    /// With --force: destroy the existing key without asking.
+    #[arg(long, requires = "force")]
+    pub yes: bool,
 }
 
 /// Runs a key subcommand.
@@ -93,17 +126,22 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
     let store = keys::keystore(ui)?;
     match cmd {
         KeyCommand::Create(args) => create(args, ui, &store),
-        KeyCommand::Import { file, name, pin } => {
+        KeyCommand::Import {
+            file,
+            name,
+            pin,
+            no_pin,
+        } => {
             let name = match name {
                 Some(n) => n.clone(),
                 None => default_name(file)?,
             };
+            tpmcrypt_tpmkey::keystore::validate_name(&name)?;
             if store.exists(&name) {
-                return Err(usage(format!("a key named {name:?} exists already")));
+                return Err(exists_already(&name));
             }
-            // The flag decides: tpm2-tools 5.4 writes emptyAuth inverted, so
-            // the file's own flag cannot be trusted either way.
-            let has_pin = Some(*pin);
+            let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+            let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
             let (blob, meta) = store
                 .import(&name, file, has_pin)
                 .with_context(|| file.display().to_string())?;
@@ -145,11 +183,13 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             if !store.exists(name) {
                 return Err(usage(format!("no key named {name:?}")));
             }
-            if !yes
-                && !confirm(&format!(
-                    "Delete key {name}? Files encrypted only to it become unreadable. [y/N] "
-                ))?
-            {
+            if !confirm_destroy(
+                &format!(
+                    "delete key {name} (files encrypted only to it, not to a recovery \
+                     recipient, become unreadable)"
+                ),
+                *yes,
+            )? {
                 eprintln!("not deleted");
                 return Ok(crate::exit::OTHER);
             }
@@ -174,10 +214,43 @@ fn default_name(file: &std::path::Path) -> anyhow::Result<String> {
     Ok(stem)
 }
 
-fn confirm(prompt: &str) -> anyhow::Result<bool> {
-    if !std::io::stdin().is_terminal() {
-        return Err(usage("refusing to delete without confirmation: use --yes"));
+/// "a key named … exists already": exit 1 (the command line was fine).
+fn exists_already(name: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "a key named {name:?} exists already (to destroy it and create a new one: key create \
+         {name} --force; files encrypted only to it become unreadable)"
+    )
+}
+
+/// Whether an imported key needs a PIN: --pin/--no-pin, else the key
+/// file's emptyAuth field where it is unambiguous. A key imported the wrong
+/// way costs a dictionary-attack try at its first use, so an explicit
+/// FALSE (which tpm2-tools up to 5.4 writes for keys without a password)
+/// is refused until the user says which.
+fn import_has_pin(
+    file: &std::path::Path,
+    pem: &str,
+    pin: bool,
+    no_pin: bool,
+) -> anyhow::Result<bool> {
+    if pin || no_pin {
+        return Ok(pin);
     }
+    match tpmcrypt_tpmkey::KeyBlob::declared_empty_auth(pem)
+        .with_context(|| file.display().to_string())?
+    {
+        Some(true) => Ok(false),
+        None => Ok(true),
+        Some(false) => Err(usage(format!(
+            "{}: the key file says the key needs a password (emptyAuth FALSE), but tpm2-tools \
+             up to 5.4 writes that for keys without one; say which with --pin or --no-pin (a \
+             wrong guess costs a dictionary-attack try at first use)",
+            file.display()
+        ))),
+    }
+}
+
+fn confirm(prompt: &str) -> anyhow::Result<bool> {
     eprint!("{prompt}");
     std::io::stderr().flush()?;
     let mut answer = String::new();
@@ -187,11 +260,19 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
 
 fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
-    if store.exists(&args.name) && !args.force {
-        return Err(usage(format!(
-            "a key named {:?} exists already (use --force to replace it)",
-            args.name
-        )));
+    if store.exists(&args.name) {
+        if !args.force {
+            return Err(exists_already(&args.name));
+        }
+        let what = format!(
+            "destroy the existing key {name} (its private half exists only in this TPM, so \
+             files encrypted only to it, not to a recovery recipient, become unreadable)",
+            name = args.name
+        );
+        if !confirm_destroy(&what, args.yes)? {
+            eprintln!("key {} kept", args.name);
+            return Ok(crate::exit::OTHER);
+        }
     }
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
     // Recovery recipients are checked before the (slow) TPM work.

@@ -14,7 +14,7 @@ use crate::args::RecoveryCommand;
 /// Runs a recovery subcommand.
 pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
     match cmd {
-        RecoveryCommand::Create { out, force } => create(out, *force),
+        RecoveryCommand::Create { out, force, yes } => create(out, *force, *yes),
         RecoveryCommand::Recipient { identity } => {
             let text = Zeroizing::new(
                 fs::read_to_string(identity).with_context(|| identity.display().to_string())?,
@@ -26,7 +26,25 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
     }
 }
 
-fn create(out: &Path, force: bool) -> anyhow::Result<i32> {
+fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
+    let exists = fs::symlink_metadata(out).is_ok();
+    if exists && !force {
+        return Err(anyhow::anyhow!(
+            "already exists (to destroy that identity and write a new one: --force)"
+        ))
+        .with_context(|| out.display().to_string());
+    }
+    if exists {
+        let what = format!(
+            "overwrite the recovery identity {} (files encrypted to its recipient can then be \
+             recovered only from another copy of it)",
+            crate::files::printable(&out.display().to_string())
+        );
+        if !crate::commands::key::confirm_destroy(&what, yes)? {
+            eprintln!("{} kept", out.display());
+            return Ok(crate::exit::OTHER);
+        }
+    }
     let key = RecoveryKey::generate(&mut rand_core::OsRng);
     let comment = format!(
         "tpmcrypt recovery identity, created {}\nKeep this file offline: it decrypts every file encrypted to its recipient.",
@@ -35,25 +53,47 @@ fn create(out: &Path, force: bool) -> anyhow::Result<i32> {
     let contents = key.to_file_contents(&comment)?;
     let ctx = || out.display().to_string();
     // The private key is written straight into a new 0600 file (never a
-    // wider mode, not even briefly).
-    if force && fs::symlink_metadata(out).is_ok() {
-        fs::remove_file(out).with_context(ctx)?;
-    }
+    // wider mode, not even briefly); one that replaces an identity is
+    // written beside it and renamed over it once durable, so a crash
+    // leaves the old identity or the new one, never neither.
+    let target = if exists {
+        let mut name = out.as_os_str().to_owned();
+        name.push(format!(".new{}", std::process::id()));
+        std::path::PathBuf::from(name)
+    } else {
+        out.to_path_buf()
+    };
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(out)
+        .open(&target)
         .map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
-                anyhow::anyhow!("already exists (use --force to overwrite)")
+                anyhow::anyhow!(
+                    "already exists (to destroy that identity and write a new one: --force)"
+                )
             } else {
                 e.into()
             }
         })
         .with_context(ctx)?;
-    file.write_all(contents.as_bytes()).with_context(ctx)?;
-    file.sync_all().with_context(ctx)?;
+    let written = file
+        .write_all(contents.as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            if exists {
+                fs::rename(&target, out)
+            } else {
+                Ok(())
+            }
+        });
+    if let Err(e) = written {
+        if exists {
+            let _ = fs::remove_file(&target);
+        }
+        return Err(e).with_context(ctx);
+    }
     crate::atomic::sync_dir(crate::atomic::parent_dir(out)).with_context(ctx)?;
     println!("{}", key.recipient_string());
     Ok(crate::exit::OK)
