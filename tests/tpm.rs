@@ -632,6 +632,147 @@ fn wrong_pin_then_dictionary_attack_lockout() {
     assert_no_handles(&sim, d, "decrypt during lockout");
 }
 
+/// The TPM's dictionary-attack failure counter (TPM2_PT_LOCKOUT_COUNTER).
+fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
+    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
+        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
+    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
+    u32::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+#[test]
+fn one_wrong_pin_costs_one_try_whatever_the_number_of_sessions() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_dictionarylockout",
+            "--setup-parameters",
+            "--max-tries=5",
+            "--recovery-time=600",
+            "--lockout-recovery-time=600",
+        ],
+    );
+    create_key(d, &t, "pinned", "ecc-p256", &[], true);
+    // Three files, each its own session (one encrypt each).
+    for i in 0..3 {
+        let name = format!("f{i}");
+        fs::write(d.join(&name), bytes(100 + i, i as u64)).unwrap();
+        assert_ok(&plain(d, &["encrypt", "--key", "pinned", &name]), "encrypt");
+        fs::remove_file(d.join(&name)).unwrap();
+    }
+    let args = ["decrypt", "f0.tpmc", "f1.tpmc", "f2.tpmc"];
+    assert_eq!(lockout_counter(&sim, d), 0);
+
+    // A wrong TPMCRYPT_PIN: the first session's unbind fails, and the PIN
+    // is not presented again for the other two.
+    let r = tc_env(d, &t, &[("TPMCRYPT_PIN", "1111")], &args);
+    assert_eq!(r.code, TPM, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.matches("wrong PIN for this key").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        r.stderr.matches("refused earlier in this run").count(),
+        2,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(lockout_counter(&sim, d), 1, "one wrong PIN, one try");
+    assert_no_handles(&sim, d, "wrong PIN over three sessions");
+
+    // No PIN at all (no terminal, no TPMCRYPT_PIN): exit 4, no try spent.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "f0.tpmc"]);
+    assert_one_line(&r, TPM, &["needs a PIN", "TPMCRYPT_PIN"], "no PIN");
+    assert_eq!(lockout_counter(&sim, d), 1, "a missing PIN costs nothing");
+
+    // The right PIN still works: the TPM was never locked out.
+    let r = tc_env(d, &t, &[("TPMCRYPT_PIN", PIN)], &args);
+    assert_ok(&r, "right PIN");
+    assert_eq!(fs::read(d.join("f2")).unwrap(), bytes(102, 2));
+    assert_eq!(lockout_counter(&sim, d), 1);
+    for f in ["f0", "f1", "f2"] {
+        fs::remove_file(d.join(f)).unwrap();
+    }
+
+    // The same key imported as having no PIN: refused once, said so, and
+    // not tried again for the next session.
+    let other = d.join("other-home");
+    let r = tpmcrypt(d)
+        .env("TPMCRYPT_HOME", &other)
+        .args(["key", "import", "--no-pin", "--name", "nopin"])
+        .arg(keystore(d).join("pinned.key.pem"))
+        .output()
+        .expect("spawn");
+    assert_ok(&r.into(), "import --no-pin");
+    let r: Run = tpmcrypt(d)
+        .env("TPMCRYPT_HOME", &other)
+        .args(["--tpm", &t, "decrypt", "f0.tpmc", "f1.tpmc"])
+        .output()
+        .expect("spawn")
+        .into();
+    assert_eq!(r.code, TPM, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("key nopin was refused without a PIN")
+            && r.stderr.contains("import --pin"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        r.stderr.matches("refused earlier in this run").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        lockout_counter(&sim, d),
+        2,
+        "one try for the mis-imported key"
+    );
+    assert_no_handles(&sim, d, "mis-imported key");
+
+    // On a terminal a refused PIN is asked for again (each typed PIN is one
+    // try), and the right one opens every session.
+    use std::io::Write as _;
+    let cmdline = format!(
+        "{} --tpm '{t}' decrypt f0.tpmc f1.tpmc f2.tpmc",
+        common::bin().display()
+    );
+    let mut child = common::wrapper(d, "script")
+        .args(["-qec", &cmdline, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn script (util-linux)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(format!("1111\n{PIN}\n").as_bytes())
+        .expect("type");
+    let out = child.wait_with_output().expect("wait");
+    drop(stdin);
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "typed PINs: {screen}");
+    assert_eq!(screen.matches("Wrong PIN").count(), 1, "{screen}");
+    for (i, f) in ["f0", "f1", "f2"].iter().enumerate() {
+        assert_eq!(fs::read(d.join(f)).unwrap(), bytes(100 + i, i as u64));
+    }
+    assert_eq!(
+        lockout_counter(&sim, d),
+        3,
+        "one try for the one wrong typed PIN"
+    );
+}
+
 // ---------------------------------------------------------------- 5. TPM absent
 
 #[test]

@@ -41,6 +41,12 @@ pub enum Command {
     /// Encrypt files (or stdin) to one or more recipients.
     Encrypt(EncryptArgs),
     /// Decrypt files (or stdin) with identities.
+    ///
+    /// A key's PIN comes from TPMCRYPT_PIN or a prompt. A PIN the TPM
+    /// refuses is never presented again in the run: a wrong TPMCRYPT_PIN
+    /// costs one dictionary-attack try per key, however many files and
+    /// sessions; on a terminal you are asked again, each PIN typed costing
+    /// one try, at most 3 per key.
     Decrypt(DecryptArgs),
     /// Print a file's header without decrypting it.
     Inspect(InspectArgs),

@@ -107,22 +107,94 @@ impl TpmAccess {
     }
 }
 
-/// PINs per key name, asked for once per command.
+/// Wrong PINs a run accepts for one key when the user types them: each
+/// costs one dictionary-attack try. A PIN from `TPMCRYPT_PIN` is presented
+/// once per key and run, since it would be wrong again.
+pub const MAX_TYPED_PINS: u32 = 3;
+
+/// What a run knows of one key's PIN.
+enum PinState {
+    /// Not asked yet, or asked again after a typed PIN was refused.
+    Unknown { refused: u32 },
+    /// The PIN to present.
+    Known {
+        pin: Zeroizing<Vec<u8>>,
+        typed: bool,
+        refused: u32,
+    },
+    /// Refused by the TPM, and not to be presented again in this run.
+    Refused,
+}
+
+/// PINs per key name, asked for once per command. One the TPM refuses is
+/// never presented again: a run over the files of many sessions costs one
+/// dictionary-attack try for a wrong `TPMCRYPT_PIN`, and one per PIN typed
+/// on a terminal (at most [`MAX_TYPED_PINS`]).
 #[derive(Default)]
 pub struct Pins {
-    cache: Mutex<HashMap<String, Zeroizing<Vec<u8>>>>,
+    cache: Mutex<HashMap<String, PinState>>,
 }
 
 impl Pins {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, PinState>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The PIN of key `name`: `TPMCRYPT_PIN`, else a prompt without echo.
-    pub fn get(&self, name: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(pin) = cache.get(name) {
-            return Ok(pin.clone());
-        }
-        let pin = read_pin(&format!("PIN for key {name}: "))?;
-        cache.insert(name.to_string(), pin.clone());
+    fn get(&self, name: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
+        let mut cache = self.lock();
+        let refused = match cache.get(name) {
+            Some(PinState::Known { pin, .. }) => return Ok(pin.clone()),
+            Some(PinState::Refused) => {
+                return Err(tpmcrypt_tpmkey::Error::PinRefusedBefore(name.to_string()))
+            }
+            Some(PinState::Unknown { refused }) => *refused,
+            None => 0,
+        };
+        let typed = std::env::var_os(ENV_PIN).is_none();
+        let prompt = if refused > 0 {
+            format!(
+                "Wrong PIN. PIN for key {name} (try {} of {MAX_TYPED_PINS}): ",
+                refused + 1
+            )
+        } else {
+            format!("PIN for key {name}: ")
+        };
+        let pin = read_pin(&prompt)?;
+        cache.insert(
+            name.to_string(),
+            PinState::Known {
+                pin: pin.clone(),
+                typed,
+                refused,
+            },
+        );
         Ok(pin)
+    }
+
+    /// The TPM refused the PIN of `name`: ask again next time if it was
+    /// typed and tries are left, else never present one again. Returns
+    /// whether another PIN may be asked for.
+    fn refused(&self, name: &str) -> bool {
+        let mut cache = self.lock();
+        let next = match cache.get(name) {
+            Some(PinState::Known {
+                typed: true,
+                refused,
+                ..
+            }) if refused + 1 < MAX_TYPED_PINS => PinState::Unknown {
+                refused: refused + 1,
+            },
+            _ => PinState::Refused,
+        };
+        let again = matches!(next, PinState::Unknown { .. });
+        cache.insert(name.to_string(), next);
+        again
+    }
+
+    /// Marks `name` as not to be tried again in this run.
+    fn give_up(&self, name: &str) {
+        self.lock().insert(name.to_string(), PinState::Refused);
     }
 }
 
@@ -133,7 +205,7 @@ pub fn read_pin(prompt: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
         return Ok(Zeroizing::new(pin.as_bytes().to_vec()));
     }
     let pin = rpassword::prompt_password(prompt).map_err(|e| {
-        tpmcrypt_tpmkey::Error::InvalidInput(format!(
+        tpmcrypt_tpmkey::Error::PinUnavailable(format!(
             "this key needs a PIN: set {ENV_PIN} or run on a terminal ({e})"
         ))
     })?;
@@ -154,12 +226,49 @@ struct TpmKey {
 }
 
 impl TpmKey {
-    fn pin(&self) -> tpmcrypt_tpmkey::Result<Option<Zeroizing<Vec<u8>>>> {
-        if self.has_pin {
-            self.pins.get(&self.name).map(Some)
-        } else {
-            Ok(None)
+    /// Runs `op` with the key's PIN (if it has one), within the run's PIN
+    /// budget: a PIN the TPM refused is not presented again; a typed one is
+    /// asked for anew while tries are left. A key recorded as having no PIN
+    /// that the TPM refuses without one needs a PIN after all: that is said,
+    /// and the key is not tried again either.
+    fn with_pin<T>(
+        &self,
+        op: impl Fn(&mut Tpm, Option<&[u8]>) -> tpmcrypt_tpmkey::Result<T>,
+    ) -> tpmcrypt_tpmkey::Result<T> {
+        use tpmcrypt_tpmkey::Error;
+        if !self.has_pin {
+            if self.pins.is_refused(&self.name) {
+                return Err(Error::PinRefusedBefore(self.name.clone()));
+            }
+            return self.access.with(|tpm| op(tpm, None)).map_err(|e| match e {
+                Error::WrongPin => {
+                    self.pins.give_up(&self.name);
+                    Error::PinUnavailable(format!(
+                        "key {} was refused without a PIN: it has one, but is recorded as \
+                         having none; re-import its key file with `tpmcrypt key import --pin`",
+                        self.name
+                    ))
+                }
+                other => other,
+            });
         }
+        loop {
+            let pin = self.pins.get(&self.name)?;
+            match self.access.with(|tpm| op(tpm, Some(&pin[..]))) {
+                Err(Error::WrongPin) => {
+                    if !self.pins.refused(&self.name) {
+                        return Err(Error::WrongPin);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Pins {
+    fn is_refused(&self, name: &str) -> bool {
+        matches!(self.lock().get(name), Some(PinState::Refused))
     }
 }
 
@@ -174,10 +283,8 @@ impl RsaOaepDecrypt for TpmRsa {
     }
 
     fn decrypt(&self, ciphertext: &[u8]) -> tpmcrypt_cipher::Result<Zeroizing<Vec<u8>>> {
-        let pin = self.key.pin().map_err(external)?;
         self.key
-            .access
-            .with(|tpm| tpm.rsa_decrypt(&self.key.blob, pin.as_deref().map(|p| &p[..]), ciphertext))
+            .with_pin(|tpm, pin| tpm.rsa_decrypt(&self.key.blob, pin, ciphertext))
             .map_err(external)
     }
 }
@@ -193,10 +300,8 @@ impl EcdhP256 for TpmEcc {
     }
 
     fn ecdh(&self, peer: &[u8; POINT_LEN]) -> tpmcrypt_cipher::Result<Zeroizing<[u8; 32]>> {
-        let pin = self.key.pin().map_err(external)?;
         self.key
-            .access
-            .with(|tpm| tpm.ecdh_zgen(&self.key.blob, pin.as_deref().map(|p| &p[..]), peer))
+            .with_pin(|tpm, pin| tpm.ecdh_zgen(&self.key.blob, pin, peer))
             .map_err(external)
     }
 }
