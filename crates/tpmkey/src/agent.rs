@@ -135,7 +135,7 @@ fn check_socket(path: &Path) -> Result<bool> {
             why: "the agent's socket path is not a socket".into(),
         });
     }
-    trust::check_private(path, &meta, "the agent's socket")?;
+    trust::check_owned(path, &meta, "the agent's socket")?;
     Ok(true)
 }
 

@@ -41,16 +41,7 @@ fn untrusted(path: &Path, why: String) -> Error {
 /// Checks that `meta` (of `path`) is owned by the caller and not writable
 /// by group or others. `what` names the object in the error.
 pub fn check_private(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
-    let me = euid();
-    if meta.uid() != me {
-        return Err(untrusted(
-            path,
-            format!(
-                "{what} is owned by uid {}, not by you (uid {me}); another user may have put it there",
-                meta.uid()
-            ),
-        ));
-    }
+    check_owned(path, meta, what)?;
     let mode = meta.mode() & 0o7777;
     if mode & GROUP_OTHER_WRITE != 0 {
         return Err(untrusted(
@@ -58,6 +49,23 @@ pub fn check_private(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()>
             format!(
                 "{what} is writable by other users (mode {:04o}); fix it with chmod go-w",
                 mode
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `meta` (of `path`) is owned by the caller. Enough for a
+/// socket, whose write permission lets others connect (which the agent
+/// refuses by their uid) but not replace it (which its directory decides).
+pub fn check_owned(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
+    let me = euid();
+    if meta.uid() != me {
+        return Err(untrusted(
+            path,
+            format!(
+                "{what} is owned by uid {}, not by you (uid {me}); another user may have put it there",
+                meta.uid()
             ),
         ));
     }
