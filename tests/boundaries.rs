@@ -59,15 +59,18 @@ open(log + ".ready", "w").close()
 while True:
     c, _ = s.accept()
     data = b""
-    while True:
-        chunk = c.recv(128)
-        if not chunk:
-            break
-        data += chunk
+    try:
+        while True:
+            chunk = c.recv(128)
+            if not chunk:
+                break
+            data += chunk
+        op = data[1] if len(data) > 1 else 0
+        c.sendall({1: b"\x01", 2: b"\x00", 4: b"\x00\x00\x00\x00\x00"}.get(op, b"\x02"))
+    except OSError:
+        pass
     with open(log, "a") as f:
         f.write(data.hex() + "\n")
-    op = data[1] if len(data) > 1 else 0
-    c.sendall({1: b"\x01", 2: b"\x00", 4: b"\x00\x00\x00\x00\x00"}.get(op, b"\x02"))
     c.close()
 "#;
 
@@ -459,5 +462,174 @@ fn destroying_a_private_key_needs_confirmation_everywhere() {
         1,
         "no temporary left: {:?}",
         common::listing(d)
+    );
+}
+
+// ------------------------------------------------ the keystore is the user's
+
+/// Fingerprints of the stanzas of an encrypted file (`inspect --json`).
+fn stanza_fingerprints(d: &Path, file: &str) -> Vec<String> {
+    let r = common::run(d, &["inspect", "--json", file]);
+    assert_ok(&r, "inspect");
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
+    v["recipients"]
+        .as_array()
+        .expect("recipients")
+        .iter()
+        .map(|s| s["fingerprint"].as_str().expect("fingerprint").to_string())
+        .collect()
+}
+
+fn key_fingerprint(d: &Path, name: &str) -> String {
+    let r = common::run(d, &["key", "list", "--json"]);
+    assert_ok(&r, "key list");
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
+    v.as_array()
+        .expect("list")
+        .iter()
+        .find(|k| k["name"] == name)
+        .unwrap_or_else(|| panic!("no key {name} in {v}"))["fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_string()
+}
+
+#[test]
+fn encrypt_to_a_key_uses_the_key_file_and_refuses_a_keystore_others_can_write() {
+    let dir = scratch();
+    let d = dir.path();
+    let ks = d.join(".tpmcrypt-home");
+    assert_ok(
+        &common::run(d, &["--simulator", "key", "create", "k"]),
+        "create",
+    );
+    let fp = key_fingerprint(d, "k");
+    fs::write(d.join("f"), b"for k only").unwrap();
+
+    // An attacker's public key in k.pub.pem (a P-256 key, as k is).
+    let attacker = Command::new("sh")
+        .arg("-c")
+        .arg("openssl ecparam -name prime256v1 -genkey -noout | openssl ec -pubout 2>/dev/null")
+        .output()
+        .expect("openssl");
+    assert!(attacker.status.success());
+    let genuine = fs::read(ks.join("k.pub.pem")).unwrap();
+    fs::write(ks.join("k.pub.pem"), &attacker.stdout).unwrap();
+    let r = common::run(d, &["encrypt", "--key", "k", "f"]);
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["k.pub.pem", "does not hold the public half of k.key.pem"],
+        "a replaced k.pub.pem",
+    );
+    assert!(
+        !d.join("f.tpmc").exists(),
+        "nothing encrypted to the attacker"
+    );
+    fs::write(ks.join("k.pub.pem"), &genuine).unwrap();
+    assert_ok(&common::run(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    assert_eq!(stanza_fingerprints(d, "f.tpmc"), vec![fp.clone()]);
+    fs::remove_file(d.join("f.tpmc")).unwrap();
+    // Without k.pub.pem (a copy for other tools) the key file suffices.
+    fs::remove_file(ks.join("k.pub.pem")).unwrap();
+    assert_ok(
+        &common::run(d, &["encrypt", "--key", "k", "f"]),
+        "no pub.pem",
+    );
+    assert_eq!(stanza_fingerprints(d, "f.tpmc"), vec![fp]);
+    fs::remove_file(d.join("f.tpmc")).unwrap();
+
+    // A keystore directory, key file or metadata file others could write.
+    let json = ks.join("k.json");
+    let cases: [(&Path, u32, Option<u32>, &str); 4] = [
+        (&ks, 0o777, None, "writable by other users (mode 0777)"),
+        (
+            &ks.join("k.key.pem"),
+            0o666,
+            None,
+            "the key file is writable",
+        ),
+        (&json, 0o622, None, "metadata file is writable"),
+        (&json, 0o600, Some(NOBODY), "owned by uid 65534"),
+    ];
+    for (path, mode, owner, needle) in cases {
+        require_root();
+        let old_mode = fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        common::chmod(path, mode);
+        if let Some(uid) = owner {
+            chown(path, uid);
+        }
+        let r = common::run(d, &["encrypt", "--key", "k", "f"]);
+        common::assert_error_line(&r, 1, None, &[needle], &format!("{}", path.display()));
+        assert!(!d.join("f.tpmc").exists());
+        chown(path, 0);
+        common::chmod(path, old_mode);
+    }
+    // A recovery recipient slipped into k.json by another user is refused
+    // with it (above); restored, the key works again.
+    assert_ok(&common::run(d, &["encrypt", "--key", "k", "f"]), "restored");
+}
+
+#[test]
+fn a_damaged_key_file_affects_only_that_key_and_never_a_recovery_identity() {
+    let dir = scratch();
+    let d = dir.path();
+    let ks = d.join(".tpmcrypt-home");
+    assert_ok(
+        &common::run(d, &["--simulator", "key", "create", "k"]),
+        "create",
+    );
+    encrypted_file(d);
+    fs::write(d.join("g"), b"for k").unwrap();
+    assert_ok(
+        &common::run(d, &["encrypt", "--key", "k", "g"]),
+        "encrypt g",
+    );
+    fs::remove_file(d.join("g")).unwrap();
+    // What a crash or a full disk leaves of another key.
+    fs::write(ks.join("other.key.pem"), b"").unwrap();
+    common::chmod(&ks.join("other.key.pem"), 0o600);
+
+    let r = common::run(
+        d,
+        &["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"],
+    );
+    assert_eq!(r.code, 0, "recovery decrypt: {}", r.stderr);
+    assert_eq!(r.stdout, bytes(5000, 3));
+    assert!(
+        r.stderr
+            .starts_with("warning: keystore key other skipped: ")
+            && r.stderr.contains("other.key.pem"),
+        "{}",
+        r.stderr
+    );
+    let r = common::run(d, &["--simulator", "decrypt", "g.tpmc"]);
+    assert_eq!(r.code, 0, "decrypt with k: {}", r.stderr);
+    assert_eq!(fs::read(d.join("g")).unwrap(), b"for k");
+    let r = common::run(d, &["key", "list"]);
+    assert_eq!(r.code, 0, "key list: {}", r.stderr);
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("\nk "),
+        "{:?}",
+        r.stdout
+    );
+    assert!(
+        r.stderr.contains("warning: key other skipped") && r.stderr.contains("other.key.pem"),
+        "{}",
+        r.stderr
+    );
+    // A keystore others can write is left out of a decrypt, with a warning;
+    // the recovery identity still works.
+    common::chmod(&ks, 0o777);
+    let r = common::run(
+        d,
+        &["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("warning: not using the keystore: ") && r.stderr.contains("mode 0777"),
+        "{}",
+        r.stderr
     );
 }

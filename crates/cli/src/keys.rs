@@ -57,34 +57,35 @@ pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
     Ok(Box::new(key.into_identity()?))
 }
 
-/// Opens the keystore named by `--keystore`/`TPMCRYPT_HOME`, or the default.
+/// Opens the keystore named by `--keystore`/`TPMCRYPT_HOME`, or the
+/// default, and refuses one that another user could have written to.
 pub fn keystore(ui: &crate::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
-    Ok(match &ui.keystore {
+    let store = match &ui.keystore {
         Some(dir) => tpmcrypt_tpmkey::Keystore::open(dir)?,
         None => tpmcrypt_tpmkey::Keystore::open_default()?,
-    })
+    };
+    store.check_trusted()?;
+    Ok(store)
 }
 
 /// The recipients a file encrypted to keystore key `name` gets: the key's
-/// public half (no TPM needed) and any recovery recipients recorded for it.
+/// public half, taken from its key file (no TPM needed) and checked against
+/// `NAME.pub.pem`, and any recovery recipients recorded for it.
 pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
     let store = keystore(ui)?;
     tpmcrypt_tpmkey::keystore::validate_name(name)?;
-    let pub_path = store.pub_path(name);
-    let pem = fs::read(&pub_path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            usage(format!(
-                "no key named {name:?} in {}",
-                store.dir().display()
-            ))
-        } else {
-            anyhow::Error::from(e).context(pub_path.display().to_string())
-        }
-    })?;
-    let mut recipients =
-        vec![recipient::tpm_recipient_from_pem(&pem)
-            .with_context(|| pub_path.display().to_string())?];
-    let (_, meta) = store.load(name)?;
+    if !store.exists(name) {
+        return Err(usage(format!(
+            "no key named {name:?} in {}",
+            store.dir().display()
+        )));
+    }
+    let (der, meta) = store.public_key_der(name)?;
+    let pem = openssl::pkey::PKey::public_key_from_der(&der)
+        .and_then(|k| k.public_key_to_pem())
+        .with_context(|| store.key_path(name).display().to_string())?;
+    let mut recipients = vec![recipient::tpm_recipient_from_pem(&pem)
+        .with_context(|| store.key_path(name).display().to_string())?];
     for r in &meta.recovery {
         recipients.push(Box::new(
             recovery::parse_recipient(r)
@@ -110,14 +111,38 @@ pub fn keystore_identities(
     if !dir.is_dir() {
         return Ok(Vec::new());
     }
+    // A keystore is a convenience here: one that cannot be trusted, or a
+    // damaged key file, is named in a warning and left out, and never
+    // blocks an identity given with -i (the way back when the TPM is gone).
+    let warn = |what: String, e: &dyn std::fmt::Display| {
+        eprintln!(
+            "warning: {what}: {}",
+            crate::files::printable(&e.to_string())
+        );
+    };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
+    if let Err(e) = store.check_trusted() {
+        warn("not using the keystore".into(), &e);
+        return Ok(Vec::new());
+    }
+    let names = match store.list() {
+        Ok(names) => names,
+        Err(e) => {
+            warn("not using the keystore".into(), &e);
+            return Ok(Vec::new());
+        }
+    };
     let pins = std::sync::Arc::new(crate::tpm::Pins::default());
     let mut out = Vec::new();
-    for name in store.list()? {
-        let (blob, meta) = store
+    for name in names {
+        let identity = store
             .load(&name)
-            .with_context(|| format!("keystore key {name}"))?;
-        out.push(crate::tpm::identity(&name, blob, &meta, access, &pins)?);
+            .map_err(anyhow::Error::from)
+            .and_then(|(blob, meta)| crate::tpm::identity(&name, blob, &meta, access, &pins));
+        match identity {
+            Ok(identity) => out.push(identity),
+            Err(e) => warn(format!("keystore key {name} skipped"), &e),
+        }
     }
     Ok(out)
 }

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::keyfile::{KeyAlg, KeyBlob};
 use crate::pcr::PcrSelection;
+use crate::trust;
 
 /// Environment variable overriding the keystore location.
 pub const ENV_HOME: &str = "TPMCRYPT_HOME";
@@ -139,6 +140,13 @@ impl Keystore {
         Ok(Keystore { dir })
     }
 
+    /// Checks that nobody but the caller could have put or changed keys
+    /// here: the directory is the caller's, not writable by others, under
+    /// directories that are the caller's or root's (see [`crate::trust`]).
+    pub fn check_trusted(&self) -> Result<()> {
+        trust::check_private_dir(&self.dir, "the keystore directory")
+    }
+
     /// Opens the default keystore.
     pub fn open_default() -> Result<Keystore> {
         Keystore::open(Keystore::default_dir()?)
@@ -206,15 +214,52 @@ impl Keystore {
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let blob = KeyBlob::from_pem(&pem)?;
+        // The key file and its metadata (which lists recovery recipients
+        // every file for the key is also encrypted to) must be the user's.
+        trust::check_private_file(&path, "the key file")?;
+        let blob = KeyBlob::from_pem(&pem)
+            .map_err(|e| Error::Keystore(format!("{}: {e}", path.display())))?;
         let meta_path = self.meta_path(name);
         let meta = match fs::read(&meta_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| Error::Keystore(format!("{}: {e}", meta_path.display())))?,
+            Ok(bytes) => {
+                trust::check_private_file(&meta_path, "the key's metadata file")?;
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| Error::Keystore(format!("{}: {e}", meta_path.display())))?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => KeyMeta::for_key(name, &blob)?,
             Err(e) => return Err(Error::io(&meta_path, e)),
         };
         Ok((blob, meta))
+    }
+
+    /// The public key of `name` as a SubjectPublicKeyInfo (DER), taken
+    /// from the key file itself. `NAME.pub.pem`, a copy for other tools, is
+    /// compared with it: a copy that differs (replaced by something other
+    /// than tpmcrypt) is refused rather than trusted or ignored.
+    pub fn public_key_der(&self, name: &str) -> Result<(Vec<u8>, KeyMeta)> {
+        let (blob, meta) = self.load(name)?;
+        let der = blob.public_key_der()?;
+        let pub_path = self.pub_path(name);
+        match fs::read(&pub_path) {
+            Ok(pem) => {
+                let theirs = openssl::pkey::PKey::public_key_from_pem(&pem)
+                    .and_then(|k| k.public_key_to_der())
+                    .ok();
+                if theirs.as_deref() != Some(&der[..]) {
+                    return Err(Error::Untrusted {
+                        path: pub_path,
+                        why: format!(
+                            "does not hold the public half of {name}.key.pem (changed by \
+                             something other than tpmcrypt); refusing to encrypt to it. \
+                             `tpmcrypt key export {name}` prints the key's real public half"
+                        ),
+                    });
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&pub_path, e)),
+        }
+        Ok((der, meta))
     }
 
     /// Names of all keys, sorted.

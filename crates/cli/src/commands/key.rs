@@ -390,11 +390,18 @@ fn describe(store: &Keystore, name: &str) -> anyhow::Result<KeyInfo> {
 }
 
 fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
-    let infos = store
-        .list()?
-        .iter()
-        .map(|n| describe(store, n))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    // A damaged or untrusted key file is named in a warning; the others
+    // are listed.
+    let mut infos = Vec::new();
+    for name in store.list()? {
+        match describe(store, &name) {
+            Ok(info) => infos.push(info),
+            Err(e) => eprintln!(
+                "warning: key {name} skipped: {}",
+                crate::files::printable(&format!("{e:#}"))
+            ),
+        }
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&infos)?);
     } else if infos.is_empty() {
