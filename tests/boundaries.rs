@@ -633,3 +633,155 @@ fn a_damaged_key_file_affects_only_that_key_and_never_a_recovery_identity() {
         r.stderr
     );
 }
+
+// ------------------------------------------------ the docs tell the truth
+
+fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The README's main flow, run verbatim by bash -e with HOME in a scratch
+/// directory and the simulator as the TPM.
+#[test]
+fn readme_flow_works_when_typed_literally() {
+    let readme = repo_file("README.md");
+    let marker = "<!-- tested: tests/boundaries.rs readme_flow_works_when_typed_literally -->";
+    let after = &readme[readme
+        .find(marker)
+        .expect("the README marks its tested flow")..];
+    let start = after.find("```sh\n").expect("a sh block") + "```sh\n".len();
+    let block = &after[start..];
+    let script = &block[..block.find("```").expect("end of the block")];
+
+    let dir = scratch();
+    let home = dir.path().join("home");
+    let cwd = dir.path().join("work");
+    fs::create_dir_all(home.join("Documents/sub")).unwrap();
+    fs::create_dir_all(cwd.join("photos/2024")).unwrap();
+    fs::create_dir_all(cwd.join("dir")).unwrap();
+    let fixtures: [(&Path, &str, u64); 9] = [
+        (&home, "Documents/a.txt", 1),
+        (&home, "Documents/sub/b.odt", 2),
+        (&cwd, "notes.txt", 3),
+        (&cwd, "report.pdf", 4),
+        (&cwd, "photos/1.jpg", 5),
+        (&cwd, "photos/2024/2.jpg", 6),
+        (&cwd, "x.csv", 7),
+        (&cwd, "y.csv", 8),
+        (&cwd, "dir/inside", 9),
+    ];
+    for (base, rel, seed) in fixtures {
+        fs::write(base.join(rel), bytes(3000 + seed as usize, seed)).unwrap();
+    }
+    let bin_dir = common::bin().parent().expect("bin dir").to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = common::wrapper(&cwd, "bash")
+        .args(["-e", "-u", "-o", "pipefail", "-c", script])
+        .env("HOME", &home)
+        .env("PATH", path)
+        .env("TPMCRYPT_SIMULATOR", "1")
+        .env_remove("TPMCRYPT_HOME")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "the README flow failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Everything came back where it started, and the in-place encryptions
+    // left no plaintext behind on the way.
+    for (base, rel, seed) in fixtures.iter().filter(|f| !f.1.ends_with(".csv")) {
+        assert_eq!(
+            fs::read(base.join(rel)).unwrap(),
+            bytes(3000 + *seed as usize, *seed),
+            "{rel}"
+        );
+    }
+    assert_eq!(
+        fs::read(cwd.join("restored/dir/inside")).unwrap(),
+        bytes(3009, 9)
+    );
+    for enc in [
+        "x.csv.tpmc",
+        "y.csv.tpmc",
+        "notes.txt.tpmc",
+        "report.pdf.tpmc",
+    ] {
+        assert!(cwd.join(enc).exists(), "{enc}");
+    }
+    assert!(!cwd.join("x.csv").exists() && !cwd.join("y.csv").exists());
+    assert!(fs::read_to_string(home.join("recovery.pub"))
+        .unwrap()
+        .starts_with("tpmcrypt-recovery:"));
+}
+
+/// docs/format.md's stanza table gives each kind's body and stanza size;
+/// the header of a file encrypted to one recipient of each kind is exactly
+/// 16 + stanza + 32 bytes.
+#[test]
+fn format_doc_stanza_sizes_match_what_is_written() {
+    let doc = repo_file("docs/format.md");
+    let size_of = |kind: &str| -> (usize, usize) {
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| 0x0") && l.contains(&format!("`{kind}`")))
+            .unwrap_or_else(|| panic!("no row for {kind}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let n = cells.len();
+        (
+            cells[n - 3].parse().expect("body size"),
+            cells[n - 2].parse().expect("stanza size"),
+        )
+    };
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let keygen = |cmd: &str, out: &str| {
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{cmd} 2>/dev/null | openssl pkey -pubout -out {out}"
+            ))
+            .current_dir(d)
+            .status()
+            .expect("openssl");
+        assert!(st.success(), "{cmd}");
+    };
+    keygen(
+        "openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048",
+        "rsa.pem",
+    );
+    keygen(
+        "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256",
+        "ec.pem",
+    );
+    fs::write(d.join("f"), b"x").unwrap();
+    for (kind, recipient) in [
+        ("recovery-p256", rec.as_str()),
+        ("tpm-p256", "ec.pem"),
+        ("tpm-rsa2048", "rsa.pem"),
+    ] {
+        let (body, stanza) = size_of(kind);
+        assert_eq!(stanza, body + 3, "{kind}: kind (1) + length (2) + body");
+        let r = common::run(d, &["encrypt", "-f", "-R", recipient, "f"]);
+        assert_ok(&r, kind);
+        let r = common::run(d, &["inspect", "--json", "f.tpmc"]);
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
+        assert_eq!(v["recipients"][0]["kind"], kind);
+        assert_eq!(
+            v["header_length"].as_u64().expect("header_length") as usize,
+            16 + stanza + 32,
+            "{kind}"
+        );
+    }
+}
