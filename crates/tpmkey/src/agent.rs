@@ -314,14 +314,40 @@ impl Agent {
                         break;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_for_client(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io_err(&self.path, e)),
             }
         }
         Ok(())
+    }
+
+    /// Sleeps until a client connects, a signal arrives (poll returns
+    /// EINTR, so a SIGTERM is seen at once), the next secret expires, or
+    /// 250 ms pass, whichever comes first. A client is served as soon as it
+    /// connects: no polling interval adds to its round trip.
+    fn wait_for_client(&self) {
+        use std::os::fd::AsRawFd;
+        let now = Instant::now();
+        let next_expiry = self
+            .secrets
+            .values()
+            .map(|(_, expires)| expires.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::MAX);
+        let timeout = next_expiry.min(Duration::from_millis(250));
+        let mut fds = libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Round up so that a secret due in 0.4 ms is not polled for in a
+        // busy loop of 0 ms waits.
+        let ms = timeout.as_millis().max(1) as libc::c_int;
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe {
+            libc::poll(&mut fds, 1, ms);
+        }
     }
 
     /// Secrets currently held.
