@@ -488,6 +488,57 @@ fn one_tpm_unbind_per_session_and_the_agent() {
     );
 }
 
+/// A script that runs `encrypt` once per file, while an agent runs: every
+/// run joins the agent's session, so decrypting all of the files (after the
+/// agent is gone) costs one TPM unbind; --new-session opts out.
+#[test]
+fn encrypt_runs_join_the_agents_session() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", "ecc-p256", &[], false);
+    let files = d.join("files");
+    fs::create_dir(&files).unwrap();
+    let agent = AgentProc::start(d);
+    const N: usize = 40;
+    for i in 0..N {
+        let name = format!("files/f{i:02}");
+        fs::write(d.join(&name), bytes(200 + i, i as u64 + 5)).unwrap();
+        let r = plain(d, &["-v", "encrypt", "--key", "k", "--in-place", &name]);
+        assert_ok(&r, &name);
+        let want = if i == 0 {
+            "a new session, shared through the agent"
+        } else {
+            "the agent's current session"
+        };
+        assert!(r.stderr.contains(want), "{name}: {}", r.stderr);
+    }
+    let ids: BTreeSet<String> = (0..N)
+        .map(|i| inspect(d, &format!("files/f{i:02}.tpmc"))["session_id"].to_string())
+        .collect();
+    assert_eq!(ids.len(), 1, "one session for {N} runs");
+    // --new-session: a session of its own, not handed to the agent.
+    fs::write(d.join("own"), b"own").unwrap();
+    let r = plain(d, &["-v", "encrypt", "--key", "k", "--new-session", "own"]);
+    assert!(r.stderr.contains("a session of its own"), "{}", r.stderr);
+    assert!(!ids.contains(&inspect(d, "own.tpmc")["session_id"].to_string()));
+    let r = plain(d, &["agent", "--stop"]);
+    assert_ok(&r, "agent --stop");
+    assert!(agent.wait_exit(), "agent exit status");
+
+    let r = tc(d, &t, &["decrypt", "-v", "--in-place", "-r", "files"]);
+    assert_ok(&r, "decrypt");
+    assert_summary(&r, N, 1, 1, "decrypt the files of 40 encrypt runs");
+    for i in 0..N {
+        assert_eq!(
+            fs::read(files.join(format!("f{i:02}"))).unwrap(),
+            bytes(200 + i, i as u64 + 5)
+        );
+    }
+    assert_no_handles(&sim, d, "decrypt");
+}
+
 // ---------------------------------------------------------------- 3. PCR policy
 
 #[test]

@@ -85,6 +85,56 @@ impl Encryptor {
         })
     }
 
+    /// Joins a session that already exists (another process's, kept by
+    /// the agent): its header and its session key. The header must parse,
+    /// carry `params`, be addressed to exactly `recipients` (kinds and
+    /// fingerprints, in order) and be authenticated by `session_key`; files
+    /// written then share the header, so decrypting all of them costs one
+    /// unwrap.
+    pub fn resume(
+        header: &[u8],
+        session_key: SessionKey,
+        params: Params,
+        recipients: &[Box<dyn Recipient>],
+    ) -> Result<Self> {
+        let parsed = Header::read_from(&mut &header[..])?;
+        let addressed = parsed
+            .stanzas
+            .iter()
+            .map(|s| (s.kind, s.fingerprint().map(<[u8]>::to_vec)));
+        let wanted = recipients
+            .iter()
+            .map(|r| (r.kind(), Some(r.fingerprint().to_vec())));
+        if !addressed.eq(wanted) {
+            return Err(Error::InvalidParams(
+                "the session is addressed to other recipients".into(),
+            ));
+        }
+        if parsed.raw().len() != header.len() {
+            return Err(Error::MalformedHeader(
+                "trailing bytes after a session's header".into(),
+            ));
+        }
+        if parsed.params != params {
+            return Err(Error::InvalidParams(
+                "the session's parameters differ from the ones asked for".into(),
+            ));
+        }
+        verify_header(&parsed, &session_key)?;
+        Ok(Encryptor {
+            layout: Layout::new(&params)?,
+            backend: backend::default_for(params.mode, params.key_len),
+            session_key,
+            header: header.to_vec(),
+        })
+    }
+
+    /// The session key (to hand the session to an agent, which keeps it in
+    /// locked memory for other processes of the same user).
+    pub fn session_key(&self) -> &SessionKey {
+        &self.session_key
+    }
+
     /// Uses `backend` instead of the default.
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = backend;
@@ -437,5 +487,54 @@ fn verify_header(header: &Header, key: &SessionKey) -> Result<()> {
 impl Error {
     fn malformed_stream_header() -> Self {
         Error::MalformedHeader("bad stream header length byte".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Mode;
+    use crate::recovery::RecoveryKey;
+    use crate::stream::StreamOptions;
+
+    #[test]
+    fn a_resumed_session_writes_files_one_unwrap_opens() {
+        let key = RecoveryKey::generate(&mut OsRng);
+        let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key.recipient().unwrap())];
+        let params = Params::new(Mode::Gcm, 256).unwrap();
+        let first = Encryptor::new(&recipients, params).unwrap();
+        let session_key = SessionKey::from_bytes(first.session_key().expose());
+        let second = Encryptor::resume(first.header(), session_key, params, &recipients).unwrap();
+        let opts = StreamOptions::default();
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        first.encrypt(&b"first"[..], &mut a, &opts).unwrap();
+        second.encrypt(&b"second"[..], &mut b, &opts).unwrap();
+        assert_eq!(&a[..first.header().len()], &b[..first.header().len()]);
+        let decryptor = Decryptor::new(vec![Box::new(key.into_identity().unwrap())]);
+        for (ct, pt) in [(&a, &b"first"[..]), (&b, &b"second"[..])] {
+            let mut out = Vec::new();
+            decryptor.decrypt(&ct[..], &mut out, &opts).unwrap();
+            assert_eq!(out, pt);
+        }
+        assert_eq!(decryptor.unwrap_count(), 1);
+
+        // Another key, other parameters or a header with trailing bytes are
+        // refused.
+        let wrong = SessionKey::from_bytes(&[7; 32]);
+        assert!(matches!(
+            Encryptor::resume(first.header(), wrong, params, &recipients),
+            Err(Error::HeaderAuth)
+        ));
+        let same = || SessionKey::from_bytes(first.session_key().expose());
+        let other = Params::new(Mode::Gcm, 128).unwrap();
+        assert!(Encryptor::resume(first.header(), same(), other, &recipients).is_err());
+        let mut long = first.header().to_vec();
+        long.push(0);
+        assert!(Encryptor::resume(&long, same(), params, &recipients).is_err());
+        let another: Vec<Box<dyn Recipient>> = vec![Box::new(
+            RecoveryKey::generate(&mut OsRng).recipient().unwrap(),
+        )];
+        assert!(Encryptor::resume(first.header(), same(), params, &another).is_err());
     }
 }

@@ -197,6 +197,13 @@ pub struct EncryptArgs {
     #[arg(long, value_name = "BYTES", hide = true)]
     pub segment_size: Option<u32>,
 
+    /// Start a session of this run's own even when an agent runs (by
+    /// default `encrypt` joins the agent's current session for the same
+    /// recipients and parameters, so that files encrypted by many runs
+    /// decrypt with one TPM operation).
+    #[arg(long)]
+    pub new_session: bool,
+
     /// Allow writing ciphertext to a terminal.
     #[arg(long, hide = true)]
     pub allow_tty: bool,

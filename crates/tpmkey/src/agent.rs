@@ -29,7 +29,21 @@
 //!   op 2 PUT   body = id (32) ‖ secret (32) response = 0x00
 //!   op 3 STOP  body = ∅                    response = 0x00, then the agent wipes and exits
 //!   op 4 PING  body = ∅                    response = 0x00 ‖ entries (u32 BE)
+//!   op 5 SESSION_GET body = scope (32)     response = 0x00 ‖ secret (32) ‖ header | 0x01 (absent)
+//!   op 6 SESSION_PUT body = scope (32) ‖ secret (32) ‖ header (≤ 64 KiB)
+//!                                          response = 0x00
 //! ```
+//!
+//! # Encryption sessions across invocations
+//! A script that runs `encrypt` once per file would make one session per
+//! file, and decrypting its files would cost one unwrap (one TPM operation)
+//! each. With an agent running, `encrypt` asks it for the current session of
+//! its *scope* (a hash of the recipients and parameters): the session key
+//! and the header that wraps it (SESSION_GET), and hands a new session over
+//! when there is none (SESSION_PUT). A session is handed out for at most
+//! [`MAX_SESSION_USES`] invocations and for the agent's TTL after it was
+//! made; then the next `encrypt` starts a new one. Session keys stay in the
+//! agent's locked memory only, and the same socket rules apply.
 
 use std::collections::HashMap;
 use std::fs;
@@ -52,7 +66,15 @@ const OP_GET: u8 = 1;
 const OP_PUT: u8 = 2;
 const OP_STOP: u8 = 3;
 const OP_PING: u8 = 4;
+const OP_SESSION_GET: u8 = 5;
+const OP_SESSION_PUT: u8 = 6;
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest session header the agent keeps (real ones are well under 4 KiB).
+pub const MAX_SESSION_HEADER: usize = 64 << 10;
+/// `encrypt` invocations one shared session is handed to before the agent
+/// lets the next one start a new session.
+pub const MAX_SESSION_USES: u64 = 10_000;
+const MAX_REQUEST: usize = 2 + 32 + 32 + MAX_SESSION_HEADER;
 
 /// Id of a secret (SHA-256 of the wrapped session key).
 pub type SecretId = [u8; 32];
@@ -246,10 +268,64 @@ impl AgentClient {
         }
     }
 
+    /// The current encryption session of `scope`: its key and header.
+    pub fn session_get(&self, scope: &SecretId) -> io::Result<Option<(LockedSecret, Vec<u8>)>> {
+        let mut req = vec![VERSION, OP_SESSION_GET];
+        req.extend_from_slice(scope);
+        let mut r = self.call(&req, 1 + 32 + MAX_SESSION_HEADER)?;
+        let out = match r.as_slice() {
+            [0, rest @ ..] if rest.len() > 32 => {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&rest[..32]);
+                let secret = LockedSecret::new(&key);
+                key.zeroize();
+                Some((secret, rest[32..].to_vec()))
+            }
+            [1] => None,
+            _ => {
+                r.zeroize();
+                return Err(io::Error::other("bad agent response"));
+            }
+        };
+        r.zeroize();
+        Ok(out)
+    }
+
+    /// Hands the agent a new encryption session for `scope`.
+    pub fn session_put(
+        &self,
+        scope: &SecretId,
+        secret: &[u8; 32],
+        header: &[u8],
+    ) -> io::Result<()> {
+        if header.is_empty() || header.len() > MAX_SESSION_HEADER {
+            return Err(io::Error::other("session header too large for the agent"));
+        }
+        let mut req = Vec::with_capacity(66 + header.len());
+        req.extend_from_slice(&[VERSION, OP_SESSION_PUT]);
+        req.extend_from_slice(scope);
+        req.extend_from_slice(secret);
+        req.extend_from_slice(header);
+        let result = self.call(&req, 1);
+        req.zeroize();
+        match result?.as_slice() {
+            [0] => Ok(()),
+            _ => Err(io::Error::other("the agent refused the session")),
+        }
+    }
+
     /// Asks the agent to wipe everything and exit.
     pub fn stop(&self) -> io::Result<()> {
         self.call(&[VERSION, OP_STOP], 1).map(|_| ())
     }
+}
+
+/// An encryption session the agent hands to `encrypt` invocations.
+struct SharedSession {
+    secret: LockedSecret,
+    header: Vec<u8>,
+    expires: Instant,
+    uses: u64,
 }
 
 /// A running agent's state.
@@ -258,6 +334,7 @@ pub struct Agent {
     path: PathBuf,
     ttl: Duration,
     secrets: HashMap<SecretId, (LockedSecret, Instant)>,
+    sessions: HashMap<SecretId, SharedSession>,
 }
 
 impl Agent {
@@ -299,6 +376,7 @@ impl Agent {
             path: path.to_path_buf(),
             ttl,
             secrets: HashMap::new(),
+            sessions: HashMap::new(),
         })
     }
 
@@ -332,7 +410,9 @@ impl Agent {
         let next_expiry = self
             .secrets
             .values()
-            .map(|(_, expires)| expires.saturating_duration_since(now))
+            .map(|(_, expires)| *expires)
+            .chain(self.sessions.values().map(|s| s.expires))
+            .map(|expires| expires.saturating_duration_since(now))
             .min()
             .unwrap_or(Duration::MAX);
         let timeout = next_expiry.min(Duration::from_millis(250));
@@ -363,6 +443,7 @@ impl Agent {
     fn expire(&mut self) {
         let now = Instant::now();
         self.secrets.retain(|_, (_, expires)| *expires > now);
+        self.sessions.retain(|_, s| s.expires > now);
     }
 
     /// Handles one connection; returns true on STOP.
@@ -375,7 +456,11 @@ impl Agent {
         let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
         let mut req = Vec::with_capacity(66);
-        if (&mut stream).take(66).read_to_end(&mut req).is_err() {
+        if (&mut stream)
+            .take(MAX_REQUEST as u64)
+            .read_to_end(&mut req)
+            .is_err()
+        {
             req.zeroize();
             return false;
         }
@@ -407,6 +492,24 @@ impl Agent {
                 stop = true;
                 vec![0]
             }
+            [VERSION, OP_SESSION_GET, scope @ ..] if scope.len() == 32 => self.session_get(scope),
+            [VERSION, OP_SESSION_PUT, rest @ ..] if rest.len() > 64 => {
+                let mut scope = [0u8; 32];
+                scope.copy_from_slice(&rest[..32]);
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&rest[32..64]);
+                self.sessions.insert(
+                    scope,
+                    SharedSession {
+                        secret: LockedSecret::new(&key),
+                        header: rest[64..].to_vec(),
+                        expires: Instant::now() + self.ttl,
+                        uses: 1,
+                    },
+                );
+                key.zeroize();
+                vec![0]
+            }
             [VERSION, OP_PING] => {
                 let mut r = vec![0u8];
                 r.extend_from_slice(&(self.secrets.len() as u32).to_be_bytes());
@@ -422,9 +525,35 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// SESSION_GET: the session of `scope`, counted as one more use; one
+    /// used [`MAX_SESSION_USES`] times is dropped so the caller makes anew.
+    fn session_get(&mut self, scope: &[u8]) -> Vec<u8> {
+        let mut id = [0u8; 32];
+        id.copy_from_slice(scope);
+        let spent = match self.sessions.get_mut(&id) {
+            Some(s) if s.uses < MAX_SESSION_USES => {
+                s.uses += 1;
+                let mut r = Vec::with_capacity(33 + s.header.len());
+                r.push(0);
+                r.extend_from_slice(s.secret.expose());
+                r.extend_from_slice(&s.header);
+                return r;
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if spent {
+            self.sessions.remove(&id);
+        }
+        vec![1]
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         self.secrets.clear();
+        self.sessions.clear();
         let _ = fs::remove_file(&self.path);
     }
 }
@@ -515,6 +644,38 @@ mod tests {
         server.join().unwrap().unwrap();
         assert!(!path.exists(), "socket removed on stop");
         assert!(AgentClient::connect(&path).unwrap().is_none());
+    }
+
+    #[test]
+    fn encryption_sessions_are_shared_until_they_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let agent = Agent::bind(&path, Duration::from_millis(700)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || agent.serve(&flag));
+        let client = AgentClient::connect(&path).unwrap().unwrap();
+        let scope = [3u8; 32];
+        assert!(client.session_get(&scope).unwrap().is_none());
+        let header = vec![0xAB; 3000];
+        client.session_put(&scope, &[5u8; 32], &header).unwrap();
+        for _ in 0..3 {
+            let (key, h) = client.session_get(&scope).unwrap().expect("shared");
+            assert_eq!(key.expose(), &[5u8; 32]);
+            assert_eq!(h, header);
+        }
+        assert!(
+            client.session_get(&[4u8; 32]).unwrap().is_none(),
+            "other scope"
+        );
+        assert_eq!(client.ping().unwrap(), 0, "not a decryption secret");
+        assert!(client
+            .session_put(&scope, &[5u8; 32], &vec![0; MAX_SESSION_HEADER + 1])
+            .is_err());
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(client.session_get(&scope).unwrap().is_none(), "expired");
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap().unwrap();
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Args;
-use tpmcrypt_cipher::{SessionCache, SessionKey};
+use tpmcrypt_cipher::recipient::Recipient;
+use tpmcrypt_cipher::{Encryptor, Params, SessionCache, SessionKey};
 use tpmcrypt_tpmkey::agent::{self, Agent, AgentClient};
 
 /// `tpmcrypt agent`.
@@ -52,22 +53,93 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 /// The running agent as a session cache for the decryptor.
 pub struct AgentCache(AgentClient);
 
-impl AgentCache {
-    /// The agent at the default socket, if one is running and passes the
-    /// ownership checks of [`AgentClient::connect`]. One that fails them
-    /// is named in a warning and not used: nothing is sent to it.
-    pub fn connect() -> Option<AgentCache> {
-        match AgentClient::connect(&agent::socket_path()) {
-            Ok(client) => client.map(AgentCache),
-            Err(e) => {
-                eprintln!(
-                    "warning: not using the agent: {}",
-                    crate::files::printable(&e.to_string())
-                );
-                None
-            }
+/// The agent at the default socket, if one is running and passes the
+/// ownership checks of [`AgentClient::connect`]. One that fails them is
+/// named in a warning and not used: nothing is sent to it.
+pub fn verified_client() -> Option<AgentClient> {
+    match AgentClient::connect(&agent::socket_path()) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!(
+                "warning: not using the agent: {}",
+                crate::files::printable(&e.to_string())
+            );
+            None
         }
     }
+}
+
+impl AgentCache {
+    /// The verified agent ([`verified_client`]) as a session cache.
+    pub fn connect() -> Option<AgentCache> {
+        verified_client().map(AgentCache)
+    }
+}
+
+/// How `encrypt` came by its session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionSource {
+    /// A session of its own (no agent, or --new-session).
+    Own,
+    /// A new session, handed to the agent for the next invocations.
+    Started,
+    /// The agent's current session for the same recipients and parameters.
+    Joined,
+}
+
+impl SessionSource {
+    /// For the -v summary.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SessionSource::Own => "a session of its own",
+            SessionSource::Started => "a new session, shared through the agent",
+            SessionSource::Joined => "the agent's current session",
+        }
+    }
+}
+
+/// The scope under which the agent keeps an encryption session: the
+/// recipients (kind and fingerprint, in order) and the parameters.
+fn session_scope(recipients: &[Box<dyn Recipient>], params: &Params) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"tpmcrypt/v1/encrypt-scope");
+    h.update([params.mode as u8, params.key_len as u8]);
+    h.update(params.segment_size.to_be_bytes());
+    for r in recipients {
+        h.update([r.kind()]);
+        h.update(r.fingerprint());
+    }
+    h.finalize().into()
+}
+
+/// An encryptor for `recipients`: the agent's current session for them if
+/// an agent runs (so that files of many invocations decrypt with one
+/// unwrap), else a new session, which is then handed to the agent.
+pub fn encryptor(
+    recipients: &[Box<dyn Recipient>],
+    params: Params,
+    use_agent: bool,
+) -> tpmcrypt_cipher::Result<(Encryptor, SessionSource)> {
+    let Some(client) = use_agent.then(verified_client).flatten() else {
+        return Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
+    };
+    let scope = session_scope(recipients, &params);
+    if let Ok(Some((secret, header))) = client.session_get(&scope) {
+        let key = SessionKey::from_bytes(secret.expose());
+        // A session that does not check out (other recipients, a header
+        // the key does not authenticate) is not used: a new one replaces it.
+        if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
+            return Ok((e, SessionSource::Joined));
+        }
+    }
+    let encryptor = Encryptor::new(recipients, params)?;
+    let source =
+        match client.session_put(&scope, encryptor.session_key().expose(), encryptor.header()) {
+            Ok(()) => SessionSource::Started,
+            Err(_) => SessionSource::Own,
+        };
+    Ok((encryptor, source))
 }
 
 impl SessionCache for AgentCache {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tpmcrypt_cipher::{backend, Decryptor, Encryptor, Mode, Params};
+use tpmcrypt_cipher::{backend, Decryptor, Mode, Params};
 
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
@@ -75,7 +75,8 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         recipients.extend(keys::key_recipients(ui, name)?);
     }
     let tasks = files::plan(&args.files, Naming::Encrypt)?;
-    let mut encryptor = Encryptor::new(&recipients, params)?;
+    let (mut encryptor, source) =
+        crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
     if let Some(b) = chosen_backend(args.files.backend)? {
         if (mode == Mode::Cbc && !b.supports_cbc())
             || !b.supports_gcm(params.key_len) && mode == Mode::Gcm
@@ -93,6 +94,9 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let summary = files::run(&tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
+    if ui.verbose {
+        eprintln!("tpmcrypt: encrypted in {}", source.describe());
+    }
     Ok(finish(summary, ui, "encrypted", None))
 }
 
