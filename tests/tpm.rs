@@ -1239,6 +1239,60 @@ fn a_refused_key_does_not_block_another_recipient() {
 /// in the daemon) plus its recovery recipient; the TPM decrypts the whole
 /// run's files with one unbind, and the recovery key alone opens them too.
 #[test]
+fn key_create_recovery_file_records_every_recipient() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    fs::write(d.join("rec.txt"), format!("# team\n{r1}\n\n{r2}\n")).unwrap();
+    let r = plain(
+        d,
+        &["--simulator", "key", "create", "k", "--recovery", "rec.txt"],
+    );
+    assert_ok(&r, "key create --recovery FILE");
+    let list = key_list(d);
+    assert_eq!(
+        list[0]["recovery"],
+        serde_json::json!([r1, r2]),
+        "every line of the file is recorded"
+    );
+    fs::write(d.join("m"), bytes(777, 1)).unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "k", "m"]),
+        "encrypt --key k",
+    );
+    assert_eq!(
+        inspect(d, "m.tpmc")["recipients"].as_array().unwrap().len(),
+        3
+    );
+    let r = plain(d, &["decrypt", "-i", "r2.key", "-o", "-", "m.tpmc"]);
+    assert_ok(&r, "the second recovery recipient alone");
+    assert_eq!(r.stdout, bytes(777, 1));
+
+    // A bad line, or a PEM key (not a recovery recipient): no key is made.
+    let pem = stdout(&plain(d, &["key", "export", "k"]));
+    for (what, text, line) in [
+        ("a bad line", format!("{r1}\n# c\n{r2}x\n"), "line 3"),
+        ("a public key", format!("{r1}\n{pem}"), "line 2"),
+    ] {
+        fs::write(d.join("bad.txt"), text).unwrap();
+        let r = plain(
+            d,
+            &[
+                "--simulator",
+                "key",
+                "create",
+                "k2",
+                "--recovery",
+                "bad.txt",
+            ],
+        );
+        assert_one_line(&r, USAGE, &["bad.txt", line], what);
+        assert_eq!(key_list(d).len(), 1, "{what}: a key was created");
+    }
+}
+
+#[test]
 fn watch_with_a_keystore_key() {
     let dir = scratch();
     let d = dir.path();
