@@ -20,6 +20,9 @@ pub enum KeyCommand {
     /// Create a decryption key inside the TPM, under the storage root key.
     Create(CreateArgs),
     /// Import a `TSS2 PRIVATE KEY` PEM (e.g. written by tpm2_encodeobject).
+    /// Only a key this TPM can unbind with is taken: an unrestricted
+    /// decryption key (RSA-2048 with the NULL or OAEP-SHA256 scheme, P-256
+    /// with NULL or ECDH) that loads under the standard storage key.
     Import {
         /// The key file.
         file: PathBuf,
@@ -142,9 +145,16 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 return Err(exists_already(&name));
             }
             let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+            // A key tpmcrypt could never unbind with is refused before
+            // anything else is asked; the TPM then shows that it loads the
+            // key under the standard storage key.
+            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem).with_context(|| file.display().to_string())?;
             let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
+            let access = TpmAccess::new(Target::from_ui(ui)?);
             let (blob, meta) = store
-                .import(&name, file, has_pin)
+                .import_checked(&name, file, has_pin, |blob| {
+                    access.with(|tpm| tpm.check_loads(blob))
+                })
                 .with_context(|| file.display().to_string())?;
             let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
             println!("imported {name} ({}), fingerprint {fp}", meta.alg);
