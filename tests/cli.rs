@@ -831,6 +831,29 @@ fn recipients_file_with_a_bad_entry_is_refused_naming_the_line() {
 }
 
 #[test]
+fn a_recovery_key_given_as_a_pem_public_key_still_opens_the_file() {
+    // `openssl pkey -pubout` of a recovery identity is a P-256 PEM public
+    // key: a recipient tpmcrypt takes (as tpm-p256), so the identity must
+    // open what is encrypted to it.
+    let (dir, _) = scratch();
+    let d = dir.path();
+    openssl(d, &["pkey", "-in", "id", "-pubout", "-out", "id.pub.pem"]);
+    let data = bytes(2_000, 21);
+    fs::write(d.join("p"), &data).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", "id.pub.pem", "-o", "f.tpmc", "p"]),
+        "encrypt to the recovery key's PEM",
+    );
+    let dec = run(d, &["decrypt", "-i", "id", "-o", "-", "f.tpmc"]);
+    assert_ok(&dec, "the recovery identity opens it");
+    assert!(dec.stdout == data);
+    let r = run(d, &["recovery", "create", "--out", "other"]);
+    assert_ok(&r, "another identity");
+    let dec = run(d, &["decrypt", "-i", "other", "-o", "-", "f.tpmc"]);
+    assert_error(&dec, INTEGRITY, "f.tpmc", "another recovery identity");
+}
+
+#[test]
 fn recipients_no_tpm_key_can_decrypt_are_refused() {
     let (dir, _) = scratch();
     let d = dir.path();
