@@ -607,6 +607,322 @@ fn recipients_as_string_file_and_several() {
     assert_error(&r, OTHER, "missing", "missing identity");
 }
 
+// ---------------------------------------------------------------- recipients files
+
+/// Runs openssl in `dir`, asserting success; returns stdout.
+fn openssl(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run openssl: {e}"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Generates a key pair with `openssl genpkey ARGS` and writes its public
+/// half (SubjectPublicKeyInfo PEM) to `name`; returns the PEM text.
+fn public_pem(dir: &Path, name: &str, genpkey: &[&str]) -> String {
+    let private = format!("{name}.private");
+    let mut args = vec!["genpkey", "-out", &private];
+    args.extend_from_slice(genpkey);
+    openssl(dir, &args);
+    openssl(dir, &["pkey", "-in", &private, "-pubout", "-out", name]);
+    fs::read_to_string(dir.join(name)).unwrap()
+}
+
+/// tpmcrypt's fingerprint of a PEM public key: the first 16 bytes of the
+/// SHA-256 of its DER, computed by openssl.
+fn pem_fingerprint(dir: &Path, pem: &str) -> String {
+    let der = format!("{pem}.der");
+    openssl(
+        dir,
+        &[
+            "pkey", "-pubin", "-in", pem, "-outform", "DER", "-out", &der,
+        ],
+    );
+    let out = openssl(dir, &["dgst", "-sha256", "-r", &der]);
+    out[..32].to_string()
+}
+
+/// The (kind, fingerprint) of every stanza of `file`, in order.
+fn stanzas(dir: &Path, file: &str) -> Vec<(String, String)> {
+    inspect_json(dir, file, &[])["recipients"]
+        .as_array()
+        .expect("recipients")
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap().to_string(),
+                r["fingerprint"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The fingerprint of recovery identity `id` (from a file encrypted to it).
+fn recovery_fingerprint(dir: &Path, recipient: &str) -> String {
+    let r = run_stdin(dir, &["encrypt", "-R", recipient, "-o", "fp.tpmc"], b"x");
+    assert_ok(&r, "encrypt to one recovery recipient");
+    let s = stanzas(dir, "fp.tpmc");
+    fs::remove_file(dir.join("fp.tpmc")).unwrap();
+    assert_eq!(s.len(), 1);
+    s[0].1.clone()
+}
+
+#[test]
+fn recipients_file_every_entry_counts() {
+    let (dir, ra) = scratch();
+    let d = dir.path();
+    let rb = recovery(d, "id2");
+    let rc = recovery(d, "id3");
+    let ec = public_pem(
+        d,
+        "ec.pub",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    );
+    let rsa = public_pem(
+        d,
+        "rsa.pub",
+        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+    );
+    let data = bytes(5_000, 11);
+    fs::write(d.join("p"), &data).unwrap();
+
+    // Recovery lines and PEM keys, mixed, with comments and blank lines.
+    let file = format!(
+        "# recipients of the backup\n\n{rb}\n{ec}\n   # an indented comment\r\n{rc}\n\n{rsa}"
+    );
+    fs::write(d.join("recips.txt"), file).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", "recips.txt", "-o", "f.tpmc", "p"]),
+        "encrypt to a recipients file",
+    );
+    let want = vec![
+        ("recovery-p256".to_string(), recovery_fingerprint(d, &rb)),
+        ("tpm-p256".to_string(), pem_fingerprint(d, "ec.pub")),
+        ("recovery-p256".to_string(), recovery_fingerprint(d, &rc)),
+        ("tpm-rsa2048".to_string(), pem_fingerprint(d, "rsa.pub")),
+    ];
+    assert_eq!(stanzas(d, "f.tpmc"), want, "one stanza per entry, in order");
+    for id in ["id2", "id3"] {
+        let dec = run(d, &["decrypt", "-i", id, "-o", "-", "f.tpmc"]);
+        assert_ok(&dec, id);
+        assert!(dec.stdout == data, "{id}");
+    }
+    let dec = run(d, &["decrypt", "-i", "id", "-o", "-", "f.tpmc"]);
+    assert_error(&dec, INTEGRITY, "f.tpmc", "an identity not in the file");
+
+    // `-R -`: the same file from standard input.
+    let r = run_stdin(
+        d,
+        &["encrypt", "-R", "-", "-R", &ra, "-o", "s.tpmc", "p"],
+        &fs::read(d.join("recips.txt")).unwrap(),
+    );
+    assert_ok(&r, "-R - from stdin");
+    let mut want_stdin = want.clone();
+    want_stdin.push(("recovery-p256".to_string(), recovery_fingerprint(d, &ra)));
+    assert_eq!(stanzas(d, "s.tpmc"), want_stdin, "-R - and -R string");
+    let dec = run(d, &["decrypt", "-i", "id3", "-o", "-", "s.tpmc"]);
+    assert_ok(&dec, "decrypt what -R - encrypted");
+    assert!(dec.stdout == data);
+}
+
+#[test]
+fn recipients_file_with_a_bad_entry_is_refused_naming_the_line() {
+    let (dir, ra) = scratch();
+    let d = dir.path();
+    let rb = recovery(d, "id2");
+    let ec = public_pem(
+        d,
+        "ec.pub",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    );
+    fs::write(d.join("p"), b"plaintext").unwrap();
+    let identity = fs::read_to_string(d.join("id")).unwrap();
+    let id_begin = 1 + identity
+        .lines()
+        .position(|l| l.starts_with("-----BEGIN"))
+        .unwrap();
+    let mut bad_base64: Vec<String> = ec.lines().map(str::to_string).collect();
+    bad_base64[1].replace_range(0..4, "!!!!");
+    let bad_base64 = bad_base64.join("\n");
+    let id_line = format!("line {id_begin}");
+    let id_needles = [id_line.as_str(), "private"];
+    let truncated: String = ec.lines().take(3).map(|l| format!("{l}\n")).collect();
+    let cases: Vec<(&str, String, &[&str])> = vec![
+        (
+            "a word",
+            format!("# c\n{ra}\nnot a recipient\n{rb}\n"),
+            &["line 3"],
+        ),
+        (
+            "a bad recovery line",
+            format!("{ra}\ntpmcrypt-recovery:AAAA\n"),
+            &["line 2"],
+        ),
+        (
+            "bad base64 in a PEM block",
+            format!("{ra}\n\n{bad_base64}\n"),
+            &["line 3"],
+        ),
+        (
+            "a PEM block without END",
+            format!("# c\n{truncated}{ra}\n"),
+            &["line 2"],
+        ),
+        (
+            "trailing garbage after a public key",
+            format!("{ec}garbage\n"),
+            &["line 5"],
+        ),
+        ("an identity file", identity.clone(), &id_needles),
+        (
+            "only comments",
+            "# nothing\n\n   \n# here\n".to_string(),
+            &["no recipient"],
+        ),
+        ("an empty file", String::new(), &["no recipient"]),
+    ];
+    for (what, text, needles) in cases {
+        fs::write(d.join("bad.txt"), text).unwrap();
+        let r = run(d, &["encrypt", "-R", "bad.txt", "-o", "x.tpmc", "p"]);
+        common::assert_error_line(&r, USAGE, Some("bad.txt"), needles, what);
+        assert!(!d.join("x.tpmc").exists(), "{what}: an output was written");
+    }
+    fs::write(
+        d.join("bad.bin"),
+        [b'#', b' ', 0xff, b'\n', b'x', 0xff, b'\n'],
+    )
+    .unwrap();
+    let r = run(d, &["encrypt", "-R", "bad.bin", "-o", "x.tpmc", "p"]);
+    common::assert_error_line(&r, USAGE, Some("bad.bin"), &["line 2"], "invalid UTF-8");
+    // The entry's text is not echoed (it may be a secret pasted by mistake).
+    fs::write(d.join("secret.txt"), format!("{ra}\nhunter2-secret\n")).unwrap();
+    let r = run(d, &["encrypt", "-R", "secret.txt", "-o", "x.tpmc", "p"]);
+    common::assert_error_line(&r, USAGE, Some("secret.txt"), &["line 2"], "unknown line");
+    assert!(!r.stderr.contains("hunter2"), "{}", r.stderr);
+
+    // `-R -` only once, and never when the plaintext comes from stdin too.
+    let text = format!("{ra}\n");
+    for (what, args) in [
+        (
+            "-R - twice",
+            vec!["encrypt", "-R", "-", "-R", "-", "-o", "x.tpmc", "p"],
+        ),
+        (
+            "-R - and plaintext on stdin",
+            vec!["encrypt", "-R", "-", "-o", "x.tpmc"],
+        ),
+        (
+            "-R - and input -",
+            vec!["encrypt", "-R", "-", "-o", "x.tpmc", "-"],
+        ),
+    ] {
+        let r = run_stdin(d, &args, text.as_bytes());
+        common::assert_error_line(&r, USAGE, None, &["standard input"], what);
+        assert!(!d.join("x.tpmc").exists(), "{what}: an output was written");
+    }
+}
+
+#[test]
+fn a_recovery_key_given_as_a_pem_public_key_still_opens_the_file() {
+    // `openssl pkey -pubout` of a recovery identity is a P-256 PEM public
+    // key: a recipient tpmcrypt takes (as tpm-p256), so the identity must
+    // open what is encrypted to it.
+    let (dir, _) = scratch();
+    let d = dir.path();
+    openssl(d, &["pkey", "-in", "id", "-pubout", "-out", "id.pub.pem"]);
+    let data = bytes(2_000, 21);
+    fs::write(d.join("p"), &data).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", "id.pub.pem", "-o", "f.tpmc", "p"]),
+        "encrypt to the recovery key's PEM",
+    );
+    let dec = run(d, &["decrypt", "-i", "id", "-o", "-", "f.tpmc"]);
+    assert_ok(&dec, "the recovery identity opens it");
+    assert!(dec.stdout == data);
+    let r = run(d, &["recovery", "create", "--out", "other"]);
+    assert_ok(&r, "another identity");
+    let dec = run(d, &["decrypt", "-i", "other", "-o", "-", "f.tpmc"]);
+    assert_error(&dec, INTEGRITY, "f.tpmc", "another recovery identity");
+}
+
+#[test]
+fn recipients_no_tpm_key_can_decrypt_are_refused() {
+    let (dir, _) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"plaintext").unwrap();
+    let rsa = |bits: &'static str| vec!["-algorithm", "RSA", "-pkeyopt", bits];
+    let ec = |curve: &'static str| vec!["-algorithm", "EC", "-pkeyopt", curve];
+    let refused: Vec<(&str, Vec<&str>, &[&str])> = vec![
+        (
+            "rsa1024.pub",
+            rsa("rsa_keygen_bits:1024"),
+            &["1024", "2048"],
+        ),
+        (
+            "rsa3072.pub",
+            rsa("rsa_keygen_bits:3072"),
+            &["3072", "2048"],
+        ),
+        (
+            "rsa4096.pub",
+            rsa("rsa_keygen_bits:4096"),
+            &["4096", "2048"],
+        ),
+        (
+            "rsa-big-e.pub",
+            vec![
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-pkeyopt",
+                "rsa_keygen_pubexp:4294967311",
+            ],
+            &["exponent"],
+        ),
+        ("rsa-pss.pub", vec!["-algorithm", "RSA-PSS"], &["RSA-PSS"]),
+        ("p384.pub", ec("ec_paramgen_curve:P-384"), &["P-256"]),
+        ("k256.pub", ec("ec_paramgen_curve:secp256k1"), &["P-256"]),
+        ("ed25519.pub", vec!["-algorithm", "ED25519"], &["Ed25519"]),
+        ("x25519.pub", vec!["-algorithm", "X25519"], &["X25519"]),
+    ];
+    for (name, args, needles) in refused {
+        public_pem(d, name, &args);
+        let r = run(d, &["encrypt", "-R", name, "-o", "x.tpmc", "p"]);
+        common::assert_error_line(&r, USAGE, Some(name), needles, name);
+        assert!(!d.join("x.tpmc").exists(), "{name}: an output was written");
+    }
+    // What a TPM does hold is accepted: RSA-2048 with e = 65537 or 3, P-256.
+    for (name, args) in [
+        ("rsa2048.pub", rsa("rsa_keygen_bits:2048")),
+        (
+            "rsa2048-e3.pub",
+            vec![
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-pkeyopt",
+                "rsa_keygen_pubexp:3",
+            ],
+        ),
+        ("p256.pub", ec("ec_paramgen_curve:P-256")),
+    ] {
+        public_pem(d, name, &args);
+        let r = run(d, &["encrypt", "-R", name, "-o", "ok.tpmc", "p"]);
+        assert_ok(&r, name);
+        fs::remove_file(d.join("ok.tpmc")).unwrap();
+    }
+}
+
 // ---------------------------------------------------------------- files
 
 #[test]

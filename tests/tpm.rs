@@ -760,7 +760,7 @@ fn one_wrong_pin_costs_one_try_whatever_the_number_of_sessions() {
     let other = d.join("other-home");
     let r = tpmcrypt(d)
         .env("TPMCRYPT_HOME", &other)
-        .args(["key", "import", "--no-pin", "--name", "nopin"])
+        .args(["--tpm", &t, "key", "import", "--no-pin", "--name", "nopin"])
         .arg(keystore(d).join("pinned.key.pem"))
         .output()
         .expect("spawn");
@@ -1056,7 +1056,7 @@ fn tpm2_tools_interoperate_both_ways() {
         "import of an ambiguous key file",
     );
     assert!(key_list(d).is_empty(), "nothing imported");
-    let r = plain(d, &["key", "import", "tools.pem", "--no-pin"]);
+    let r = tc(d, &t, &["key", "import", "tools.pem", "--no-pin"]);
     assert_ok(&r, "key import");
     let out = stdout(&r);
     assert!(
@@ -1289,6 +1289,240 @@ fn a_refused_key_does_not_block_another_recipient() {
 /// `watch --key NAME` encrypts with the keystore key's public half (no TPM
 /// in the daemon) plus its recovery recipient; the TPM decrypts the whole
 /// run's files with one unbind, and the recovery key alone opens them too.
+#[test]
+fn key_create_recovery_file_records_every_recipient() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    fs::write(d.join("rec.txt"), format!("# team\n{r1}\n\n{r2}\n")).unwrap();
+    let r = plain(
+        d,
+        &["--simulator", "key", "create", "k", "--recovery", "rec.txt"],
+    );
+    assert_ok(&r, "key create --recovery FILE");
+    let list = key_list(d);
+    assert_eq!(
+        list[0]["recovery"],
+        serde_json::json!([r1, r2]),
+        "every line of the file is recorded"
+    );
+    fs::write(d.join("m"), bytes(777, 1)).unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "--key", "k", "m"]),
+        "encrypt --key k",
+    );
+    assert_eq!(
+        inspect(d, "m.tpmc")["recipients"].as_array().unwrap().len(),
+        3
+    );
+    let r = plain(d, &["decrypt", "-i", "r2.key", "-o", "-", "m.tpmc"]);
+    assert_ok(&r, "the second recovery recipient alone");
+    assert_eq!(r.stdout, bytes(777, 1));
+
+    // A bad line, or a PEM key (not a recovery recipient): no key is made.
+    let pem = stdout(&plain(d, &["key", "export", "k"]));
+    for (what, text, line) in [
+        ("a bad line", format!("{r1}\n# c\n{r2}x\n"), "line 3"),
+        ("a public key", format!("{r1}\n{pem}"), "line 2"),
+    ] {
+        fs::write(d.join("bad.txt"), text).unwrap();
+        let r = plain(
+            d,
+            &[
+                "--simulator",
+                "key",
+                "create",
+                "k2",
+                "--recovery",
+                "bad.txt",
+            ],
+        );
+        assert_one_line(&r, USAGE, &["bad.txt", line], what);
+        assert_eq!(key_list(d).len(), 1, "{what}: a key was created");
+    }
+}
+
+/// Makes a key with tpm2-tools under the primary in `parent` and encodes it
+/// as `NAME.pem` (the tools leave objects loaded: flushed after each step).
+fn tools_key(sim: &Simulator, d: &Path, name: &str, parent: &str, alg: &str, attrs: &str) {
+    let flush = || {
+        for what in ["-t", "-l", "-s"] {
+            tpm2_tool(sim, d, &["tpm2_flushcontext", what]);
+        }
+    };
+    let (public, private, pem) = (
+        format!("{name}.pub"),
+        format!("{name}.priv"),
+        format!("{name}.pem"),
+    );
+    tpm2_tool(
+        sim,
+        d,
+        &[
+            "tpm2_create",
+            "-C",
+            parent,
+            "-G",
+            alg,
+            "-a",
+            attrs,
+            "-u",
+            &public,
+            "-r",
+            &private,
+        ],
+    );
+    flush();
+    tpm2_tool(
+        sim,
+        d,
+        &[
+            "tpm2_encodeobject",
+            "-C",
+            parent,
+            "-u",
+            &public,
+            "-r",
+            &private,
+            "-o",
+            &pem,
+        ],
+    );
+    flush();
+}
+
+#[test]
+fn key_import_refuses_keys_that_could_never_unbind() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let srk_attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt";
+    let attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|decrypt";
+    let primary = |ctx: &str, extra: &[&str]| {
+        let mut args = vec!["tpm2_createprimary", "-C", "o", "-g", "sha256", "-G", "ecc"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-c", ctx]);
+        tpm2_tool(&sim, d, &args);
+        for what in ["-t", "-l", "-s"] {
+            tpm2_tool(&sim, d, &["tpm2_flushcontext", what]);
+        }
+    };
+    // The standard storage key, and a primary from tpm2_createprimary's own
+    // default template (no noDA): another key altogether.
+    primary("p.ctx", &["-a", srk_attrs]);
+    primary("other.ctx", &[]);
+
+    // (name, parent, tpm2_create -G, -a, exit code, words of the error)
+    type Case<'a> = (&'a str, &'a str, &'a str, &'a str, i32, &'a [&'a str]);
+    let refused: &[Case] = &[
+        (
+            "oaep-sha1",
+            "p.ctx",
+            "rsa2048:oaep-sha1",
+            attrs,
+            USAGE,
+            &["OAEP", "SHA1"],
+        ),
+        ("rsaes", "p.ctx", "rsa2048:rsaes", attrs, USAGE, &["PKCS#1"]),
+        (
+            "rsa-sign",
+            "p.ctx",
+            "rsa2048:rsassa",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|sign",
+            USAGE,
+            &["decrypt"],
+        ),
+        (
+            "ecc-sign",
+            "p.ctx",
+            "ecc256:ecdsa",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|sign",
+            USAGE,
+            &["decrypt"],
+        ),
+        ("p384", "p.ctx", "ecc384:ecdh", attrs, USAGE, &["P-256"]),
+        ("rsa3072", "p.ctx", "rsa3072:oaep", attrs, USAGE, &["2048"]),
+        (
+            "storage",
+            "p.ctx",
+            "rsa2048:null:aes128cfb",
+            "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|decrypt",
+            USAGE,
+            &["restricted"],
+        ),
+        (
+            "no-auth",
+            "p.ctx",
+            "ecc256:null",
+            "fixedtpm|fixedparent|sensitivedataorigin|decrypt",
+            USAGE,
+            &["authoriz"],
+        ),
+        (
+            "other-parent",
+            "other.ctx",
+            "rsa2048:oaep",
+            attrs,
+            TPM,
+            &["storage key"],
+        ),
+    ];
+    for (name, parent, alg, a, code, needles) in refused {
+        tools_key(&sim, d, name, parent, alg, a);
+        let r = tc(
+            d,
+            &t,
+            &["key", "import", &format!("{name}.pem"), "--no-pin"],
+        );
+        assert_one_line(&r, *code, needles, name);
+        assert!(r.stdout.is_empty(), "{name}");
+        assert_no_handles(&sim, d, &format!("import of {name}"));
+    }
+    assert!(key_list(d).is_empty(), "a refused key was stored");
+
+    // What tpmcrypt does unbind with is imported, and decrypts.
+    let accepted = [
+        ("rsa-null", "rsa2048:null"),
+        ("rsa-oaep", "rsa2048:oaep"),
+        ("ecc-null", "ecc256:null"),
+        ("ecc-ecdh", "ecc256:ecdh"),
+        ("ecc-ecdh-sha1", "ecc256:ecdh-sha1"),
+    ];
+    for (i, (name, alg)) in accepted.iter().enumerate() {
+        tools_key(&sim, d, name, "p.ctx", alg, attrs);
+        assert_ok(
+            &tc(
+                d,
+                &t,
+                &["key", "import", &format!("{name}.pem"), "--no-pin"],
+            ),
+            &format!("import {name}"),
+        );
+        let plain_name = format!("m-{name}");
+        fs::write(d.join(&plain_name), bytes(100 + i, i as u64)).unwrap();
+        assert_ok(
+            &plain(d, &["encrypt", "--key", name, &plain_name]),
+            &format!("encrypt to {name}"),
+        );
+        let r = tc(
+            d,
+            &t,
+            &["decrypt", "-o", "-", &format!("{plain_name}.tpmc")],
+        );
+        assert_ok(&r, &format!("decrypt with {name}"));
+        assert_eq!(r.stdout, bytes(100 + i, i as u64), "{name}");
+    }
+    assert_eq!(key_list(d).len(), accepted.len());
+    // No import spent a dictionary-attack try.
+    let props = tpm2_tool(&sim, d, &["tpm2_getcap", "properties-variable"]);
+    assert!(
+        props.contains("TPM2_PT_LOCKOUT_COUNTER: 0x0"),
+        "lockout counter moved: {props}"
+    );
+}
+
 #[test]
 fn watch_with_a_keystore_key() {
     let dir = scratch();

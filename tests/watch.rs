@@ -277,6 +277,43 @@ fn slow_writer_is_taken_only_after_close_and_settle() {
 }
 
 #[test]
+fn a_recipients_file_gives_every_recipient() {
+    let s = Scratch::new();
+    let d = s.path();
+    let rb = recovery(d, "id2");
+    let rc = recovery(d, "id3");
+    fs::write(d.join("recips.txt"), format!("# team\n{rb}\n\n{rc}\n")).unwrap();
+    let child = s.start(0, &["-R", "recips.txt"], true);
+    let data = bytes(3000, 5);
+    write_file(&s.src().join("a"), &data);
+    let ct = s.dest().join("a.tpmc");
+    wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let r = run(d, &["inspect", "--json", ct.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "inspect: {}", r.stderr);
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(
+        v["recipients"].as_array().unwrap().len(),
+        3,
+        "-R string and both lines of the file: {v}"
+    );
+    for id in ["id", "id2", "id3"] {
+        let r = run(d, &["decrypt", "-i", id, "-o", "-", ct.to_str().unwrap()]);
+        assert_eq!(r.code, 0, "decrypt -i {id}: {}", r.stderr);
+        assert!(r.stdout == data, "{id}");
+    }
+
+    // A file with a bad line: the daemon does not start.
+    fs::write(d.join("bad.txt"), format!("{rb}\n{rc}x\n")).unwrap();
+    let mut child = s.start(1, &["-R", "bad.txt"], false);
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(2), "{}", s.log(1));
+    let log = s.log(1);
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert!(log.starts_with("error: bad.txt: line 2: "), "{log}");
+}
+
+#[test]
 fn burst_of_5000_small_files() {
     let s = Scratch::new();
     let child = s.start(0, &["--workers", "4"], true);

@@ -179,6 +179,24 @@ mod tests {
     }
 
     #[test]
+    fn a_stanza_of_the_tpm_kind_to_the_same_key_opens() {
+        // What `-R` makes of the recovery key's PEM public key.
+        let mut rng = rand_core::OsRng;
+        let key = RecoveryKey::generate(&mut rng);
+        let as_pem = P256Recipient::new(kind::TPM_P256, key.secret.public_key()).unwrap();
+        let session = SessionKey::generate(&mut rng);
+        let stanza = as_pem.wrap(&session, &mut rng).unwrap();
+        assert_eq!(stanza.kind, kind::TPM_P256);
+        let identity = key.into_identity().unwrap();
+        let got = identity.unwrap(&stanza).unwrap().expect("addressed to us");
+        assert_eq!(got.expose(), session.expose());
+        // The kind is bound into the wrap key: relabelled, it fails.
+        let mut relabelled = stanza.clone();
+        relabelled.kind = kind::RECOVERY_P256;
+        assert!(identity.unwrap(&relabelled).is_err());
+    }
+
+    #[test]
     fn bad_recipient_strings() {
         for s in [
             "",

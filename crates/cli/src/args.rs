@@ -171,14 +171,15 @@ pub struct FileArgs {
 #[derive(Args, Debug)]
 pub struct EncryptArgs {
     /// Recipient: a recovery recipient string (tpmcrypt-recovery:…), or a
-    /// file holding one or a PEM public key (e.g. `key export` output).
+    /// recipients file ("-" for stdin): recovery recipient lines and PEM
+    /// public keys (e.g. `key export` output), # comments. May be repeated.
     #[arg(
         short = 'R',
         long = "recipient",
         value_name = "RECIPIENT",
         required_unless_present = "keys"
     )]
-    pub recipients: Vec<String>,
+    pub recipients: Vec<std::ffi::OsString>,
 
     /// A TPM key from the keystore, by name (its public half only: no TPM
     /// is needed to encrypt). Its recovery recipients are added too.

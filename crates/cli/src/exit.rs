@@ -59,6 +59,7 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
 fn tpm_code(e: &tpmcrypt_tpmkey::Error) -> i32 {
     match e.exit_class() {
         tpmcrypt_tpmkey::ExitClass::TpmRefused => TPM,
+        tpmcrypt_tpmkey::ExitClass::Unusable => USAGE,
         tpmcrypt_tpmkey::ExitClass::Other => OTHER,
     }
 }

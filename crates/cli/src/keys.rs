@@ -1,6 +1,8 @@
 //! Reading recipients (`-R`) and identities (`-i`) from the command line.
 
+use std::ffi::{OsStr, OsString};
 use std::fs;
+use std::io::Read as _;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -10,36 +12,112 @@ use zeroize::Zeroizing;
 
 use crate::exit::usage;
 
-/// Parses one `-R` value: a recovery recipient string, or a file holding
-/// one or a PEM public key.
-pub fn parse_recipient(value: &str) -> anyhow::Result<Box<dyn Recipient>> {
-    if value.starts_with(recovery::RECIPIENT_PREFIX) {
-        return Ok(Box::new(recovery::parse_recipient(value)?));
+/// Largest recipients file read: a list of recipients is a few KiB, and a
+/// device such as /dev/zero must not be read forever.
+const MAX_RECIPIENTS_FILE: u64 = 1 << 20;
+
+/// One recipient named on the command line.
+pub struct Given {
+    /// The recipient.
+    pub recipient: Box<dyn Recipient>,
+    /// For a recovery recipient, its recipient string.
+    pub recovery: Option<String>,
+    /// Where it came from, for messages: the string, or `FILE: line N`.
+    pub origin: String,
+}
+
+/// Whether `value` is `-`, standard input.
+pub fn is_stdin(value: &OsStr) -> bool {
+    value == "-"
+}
+
+/// Every recipient the `-R` values name (see [`read_recipients`]).
+pub fn parse_recipients(values: &[OsString]) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
+    Ok(read_recipients(values)?
+        .into_iter()
+        .map(|g| g.recipient)
+        .collect())
+}
+
+/// Reads every `-R` value: a recovery recipient string, `-` (a recipients
+/// file on standard input, at most once), or a recipients file (see
+/// [`tpmcrypt_cipher::recipient::file`]). A file is taken whole or refused
+/// whole, naming the first line that does not parse; a file without any
+/// recipient is refused too.
+pub fn read_recipients(values: &[OsString]) -> anyhow::Result<Vec<Given>> {
+    if values.iter().filter(|v| is_stdin(v)).count() > 1 {
+        return Err(usage(
+            "-R - (recipients from standard input) may be given only once",
+        ));
     }
-    let path = Path::new(value);
-    if !path.exists() {
+    let mut out = Vec::new();
+    for value in values {
+        if let Some(s) = value
+            .to_str()
+            .filter(|s| s.starts_with(recovery::RECIPIENT_PREFIX))
+        {
+            out.push(Given {
+                recipient: Box::new(recovery::parse_recipient(s)?),
+                recovery: Some(s.to_string()),
+                origin: s.to_string(),
+            });
+            continue;
+        }
+        let (label, data) = read_recipients_file(value)?;
+        let entries = recipient::file::parse(&data).map_err(|e| {
+            anyhow::Error::new(e.error).context(format!("{label}: line {}", e.line))
+        })?;
+        if entries.is_empty() {
+            return Err(usage(format!(
+                "{label}: no recipient in this file (only comments and blank lines)"
+            )));
+        }
+        out.extend(entries.into_iter().map(|e| Given {
+            recipient: e.recipient,
+            recovery: e.recovery,
+            origin: format!("{label}: line {}", e.line),
+        }));
+    }
+    Ok(out)
+}
+
+/// The contents of a recipients file (or of standard input for `-`) and
+/// the name to show for it.
+fn read_recipients_file(value: &OsStr) -> anyhow::Result<(String, Vec<u8>)> {
+    let mut data = Vec::new();
+    let label = if is_stdin(value) {
+        let label = "<stdin>".to_string();
+        std::io::stdin()
+            .lock()
+            .take(MAX_RECIPIENTS_FILE + 1)
+            .read_to_end(&mut data)
+            .with_context(|| label.clone())?;
+        label
+    } else {
+        let path = Path::new(value);
+        let label = path.display().to_string();
+        let file = fs::File::open(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                usage(format!(
+                    "recipient {label:?} is neither a {} string nor a file",
+                    recovery::RECIPIENT_PREFIX
+                ))
+            } else {
+                anyhow::Error::from(e).context(label.clone())
+            }
+        })?;
+        file.take(MAX_RECIPIENTS_FILE + 1)
+            .read_to_end(&mut data)
+            .with_context(|| label.clone())?;
+        label
+    };
+    if data.len() as u64 > MAX_RECIPIENTS_FILE {
         return Err(usage(format!(
-            "recipient {value:?} is neither a {} string nor a file",
-            recovery::RECIPIENT_PREFIX
+            "{label}: larger than {} KiB: not a recipients file",
+            MAX_RECIPIENTS_FILE >> 10
         )));
     }
-    let bytes = fs::read(path).with_context(|| value.to_string())?;
-    let text = String::from_utf8_lossy(&bytes);
-    if text.contains("-----BEGIN PUBLIC KEY-----") {
-        return recipient::tpm_recipient_from_pem(&bytes).with_context(|| value.to_string());
-    }
-    let line = text
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with(recovery::RECIPIENT_PREFIX))
-        .ok_or_else(|| {
-            usage(format!(
-                "{value}: no recipient string or PEM public key in this file"
-            ))
-        })?;
-    Ok(Box::new(
-        recovery::parse_recipient(line).with_context(|| value.to_string())?,
-    ))
+    Ok((label, data))
 }
 
 /// Loads one `-i` identity file.

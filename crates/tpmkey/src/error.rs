@@ -16,15 +16,19 @@ pub enum ExitClass {
     /// The TPM is unavailable, or it refused to use the key (policy, PIN,
     /// lockout, different TPM).  The CLI maps this to exit code 4.
     TpmRefused,
+    /// A key tpmcrypt can never use, refused when it is given. The CLI
+    /// maps this to exit code 2 (bad input).
+    Unusable,
     /// Anything else (bad input, I/O, malformed key file, internal errors).
     Other,
 }
 
 impl ExitClass {
-    /// The process exit code the CLI uses for this class (4 or 1).
+    /// The process exit code the CLI uses for this class (4, 2 or 1).
     pub fn code(self) -> i32 {
         match self {
             ExitClass::TpmRefused => 4,
+            ExitClass::Unusable => 2,
             ExitClass::Other => 1,
         }
     }
@@ -77,6 +81,15 @@ pub enum Error {
     )]
     WrongTpm { detail: String },
 
+    /// The TPM does not load the key under the parent its file names (the
+    /// standard storage key): it was made under another parent, or on
+    /// another TPM.
+    #[error(
+        "the TPM cannot load this key under the standard storage key ({parent}): it was made \
+         under another parent key, or on another TPM ({detail})"
+    )]
+    WrongParent { parent: String, detail: String },
+
     /// The key needs a policy we do not know how to satisfy.
     #[error("unsupported key policy: {0}")]
     UnsupportedPolicy(String),
@@ -84,6 +97,13 @@ pub enum Error {
     /// A key file (PEM/DER/TPM structures) is malformed.
     #[error("invalid TPM key file: {0}")]
     KeyFile(String),
+
+    /// A well-formed key that tpmcrypt could never unbind with: not an
+    /// unrestricted decryption key, a scheme the TPM would refuse with
+    /// OAEP-SHA256 or ECDH, an algorithm or curve we do not use, or no way
+    /// to authorize it.
+    #[error("tpmcrypt can never unbind with this key: {0}")]
+    Unusable(String),
 
     /// Invalid argument (TCTI string, PCR selection, key name, ciphertext...).
     #[error("invalid input: {0}")]
@@ -141,8 +161,10 @@ impl Error {
             | Error::WrongPin
             | Error::Lockout { .. }
             | Error::WrongTpm { .. }
+            | Error::WrongParent { .. }
             | Error::PinUnavailable(_)
             | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
+            Error::Unusable(_) => ExitClass::Unusable,
             _ => ExitClass::Other,
         }
     }

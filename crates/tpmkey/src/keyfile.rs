@@ -33,8 +33,9 @@ use openssl::ec::{EcGroup, EcKey};
 use openssl::nid::Nid;
 use openssl::pkey::{PKey, Public as PkPublic};
 use openssl::rsa::Rsa;
+use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::ecc::EccCurve;
-use tss_esapi::structures::{Private, Public, PublicBuffer};
+use tss_esapi::structures::{EccScheme, HashScheme, Private, Public, PublicBuffer, RsaScheme};
 use tss_esapi::traits::{Marshall, UnMarshall};
 
 use crate::der::{self, DerError, Reader};
@@ -279,6 +280,7 @@ impl KeyBlob {
         }
         let public = parse_tpm2b_public(&self.public)?;
         key_alg_of(&public)?;
+        check_authorization(&public, &self.policy)?;
         for p in &self.policy {
             match p.command_code {
                 TPM_CC_POLICY_PCR => {
@@ -449,27 +451,118 @@ impl KeyBlob {
     }
 }
 
-/// The [`KeyAlg`] of a public area, rejecting anything we cannot unbind with.
+/// The [`KeyAlg`] of a public area, rejecting anything we cannot unbind with:
+/// TPM2_RSA_Decrypt with OAEP-SHA256 needs an unrestricted decryption key
+/// whose scheme is NULL or OAEP-SHA256 (the TPM refuses any other pairing),
+/// TPM2_ECDH_ZGen one whose scheme is NULL or ECDH.
 pub(crate) fn key_alg_of(public: &Public) -> Result<KeyAlg> {
     let attrs = public.object_attributes();
-    if attrs.restricted() || !attrs.decrypt() {
-        return kf("key is not an unrestricted decryption key");
+    if attrs.restricted() {
+        return unusable("it is a restricted key (a storage or attestation key)");
+    }
+    if !attrs.decrypt() {
+        return unusable("it lacks the decrypt attribute (a signing key)");
     }
     match public {
         Public::Rsa { parameters, .. } => {
             if parameters.key_bits() != tss_esapi::interface_types::key_bits::RsaKeyBits::Rsa2048 {
-                return kf("only RSA-2048 keys are supported");
+                return unusable("only RSA-2048 keys are supported");
+            }
+            match parameters.rsa_scheme() {
+                RsaScheme::Null => {}
+                RsaScheme::Oaep(h) if h.hashing_algorithm() == HashingAlgorithm::Sha256 => {}
+                other => {
+                    return unusable(format!(
+                        "its scheme is {}; tpmcrypt unbinds with OAEP-SHA256, which the TPM \
+                         refuses for this key",
+                        rsa_scheme_name(other)
+                    ))
+                }
             }
             Ok(KeyAlg::Rsa2048)
         }
         Public::Ecc { parameters, .. } => {
             if parameters.ecc_curve() != EccCurve::NistP256 {
-                return kf("only NIST P-256 ECC keys are supported");
+                return unusable("only NIST P-256 ECC keys are supported");
             }
-            Ok(KeyAlg::EccP256)
+            match parameters.ecc_scheme() {
+                EccScheme::Null | EccScheme::EcDh(_) => Ok(KeyAlg::EccP256),
+                other => unusable(format!(
+                    "its scheme is {:?}; TPM2_ECDH_ZGen needs the NULL or ECDH scheme",
+                    other.algorithm()
+                )),
+            }
         }
-        _ => kf("unsupported key type (only RSA and ECC keys)"),
+        _ => unusable("unsupported key type (only RSA and ECC keys)"),
     }
+}
+
+fn unusable<T>(m: impl Into<String>) -> Result<T> {
+    Err(Error::Unusable(m.into()))
+}
+
+/// An RSA scheme as people write it (`OAEP-SHA1`, `RSAES-PKCS#1-v1_5`).
+fn rsa_scheme_name(scheme: RsaScheme) -> String {
+    let hash = |h: HashScheme| format!("{:?}", h.hashing_algorithm()).to_uppercase();
+    match scheme {
+        RsaScheme::Oaep(h) => format!("OAEP-{}", hash(h)),
+        RsaScheme::RsaEs => "RSAES-PKCS#1-v1_5".to_string(),
+        RsaScheme::RsaSsa(h) => format!("RSASSA-{} (signing)", hash(h)),
+        RsaScheme::RsaPss(h) => format!("RSAPSS-{} (signing)", hash(h)),
+        other => format!("{:?}", other.algorithm()),
+    }
+}
+
+/// Whether anything can authorize the key's use the way tpmcrypt does:
+/// its authValue (userWithAuth), or a policy whose commands the key file
+/// carries and which give the key's authPolicy (recomputed here in
+/// software, so nothing is sent to the TPM and no try is spent).
+fn check_authorization(public: &Public, policy: &[PolicyCommand]) -> Result<()> {
+    let attrs = public.object_attributes();
+    let auth_policy = public.auth_policy();
+    if attrs.user_with_auth() {
+        return Ok(());
+    }
+    if auth_policy.is_empty() {
+        return unusable(
+            "it has neither userWithAuth nor an authPolicy: nothing can authorize its use",
+        );
+    }
+    if policy.is_empty() {
+        return unusable(
+            "its use needs a policy, and the key file carries no policy commands to satisfy it",
+        );
+    }
+    if public.name_hashing_algorithm() != HashingAlgorithm::Sha256 {
+        return unusable("its policy is not a SHA-256 policy (tpmcrypt's policy sessions are)");
+    }
+    if policy_digest(policy)? != auth_policy.value() {
+        return unusable("the policy commands in the key file do not give the key's authPolicy");
+    }
+    Ok(())
+}
+
+/// The SHA-256 policy digest the commands give, from the all-zero start.
+fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
+    use openssl::hash::{hash, MessageDigest};
+    let mut digest = vec![0u8; 32];
+    for p in policy {
+        let mut data = digest.clone();
+        data.extend_from_slice(&p.command_code.to_be_bytes());
+        match p.command_code {
+            // H(old || CC || pcrs || pcrDigest); the file holds
+            // TPM2B pcrDigest || TPML_PCR_SELECTION.
+            TPM_CC_POLICY_PCR => {
+                let (sel, pcr_digest) = parse_policy_pcr(&p.command_policy)?;
+                data.extend(sel.to_tpml());
+                data.extend_from_slice(&pcr_digest);
+            }
+            TPM_CC_POLICY_AUTH_VALUE => {}
+            other => return kf(format!("unsupported policy command 0x{other:x}")),
+        }
+        digest = hash(MessageDigest::sha256(), &data)?.to_vec();
+    }
+    Ok(digest)
 }
 
 fn parse_policy_seq(data: &[u8]) -> Result<Vec<PolicyCommand>> {
@@ -609,6 +702,87 @@ mod tests {
         let back = KeyBlob::from_der(&blob.to_der()).unwrap();
         assert_eq!(back, blob);
         assert_eq!(back.pcr_policy().unwrap(), Some((sel, vec![0xAB; 32])));
+    }
+
+    /// The tpm2-tools key with its public area changed by `f`, re-parsed.
+    fn with_public(f: impl FnOnce(Public) -> Public) -> Result<KeyBlob> {
+        let mut blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        blob.public = marshal_tpm2b_public(&f(blob.public_area().unwrap())).unwrap();
+        KeyBlob::from_der(&blob.to_der())
+    }
+
+    /// The tpm2-tools key (RSA-2048, userWithAuth) with another RSA scheme,
+    /// attributes and authPolicy.
+    fn rsa_key(
+        scheme: RsaScheme,
+        user_with_auth: bool,
+        policy: &[u8],
+    ) -> impl FnOnce(Public) -> Public + '_ {
+        move |p| match p {
+            Public::Rsa {
+                object_attributes,
+                name_hashing_algorithm,
+                parameters,
+                unique,
+                ..
+            } => {
+                // TPMA_OBJECT bit 6: userWithAuth.
+                let raw = u32::from(object_attributes) & !0x40;
+                let raw = raw | if user_with_auth { 0x40 } else { 0 };
+                let object_attributes = tss_esapi::attributes::ObjectAttributes::from(raw);
+                Public::Rsa {
+                    object_attributes,
+                    name_hashing_algorithm,
+                    auth_policy: tss_esapi::structures::Digest::try_from(policy.to_vec()).unwrap(),
+                    parameters: tss_esapi::structures::PublicRsaParameters::new(
+                        parameters.symmetric_definition_object(),
+                        scheme,
+                        parameters.key_bits(),
+                        parameters.exponent(),
+                    ),
+                    unique,
+                }
+            }
+            other => other,
+        }
+    }
+
+    #[test]
+    fn keys_that_could_never_unbind_are_unusable() {
+        let sha = |h| HashScheme::new(h);
+        for scheme in [
+            RsaScheme::Oaep(sha(HashingAlgorithm::Sha1)),
+            RsaScheme::Oaep(sha(HashingAlgorithm::Sha384)),
+            RsaScheme::RsaEs,
+        ] {
+            let r = with_public(rsa_key(scheme, true, &[]));
+            assert!(matches!(r, Err(Error::Unusable(_))), "{scheme:?}: {r:?}");
+        }
+        for scheme in [
+            RsaScheme::Null,
+            RsaScheme::Oaep(sha(HashingAlgorithm::Sha256)),
+        ] {
+            with_public(rsa_key(scheme, true, &[])).unwrap();
+        }
+        // Nothing authorizes it: no userWithAuth, no authPolicy.
+        let r = with_public(rsa_key(RsaScheme::Null, false, &[]));
+        assert!(matches!(r, Err(Error::Unusable(_))), "{r:?}");
+        // A policy the file has no commands for, or commands that do not
+        // give it.
+        let r = with_public(rsa_key(RsaScheme::Null, false, &[7; 32]));
+        assert!(matches!(r, Err(Error::Unusable(_))), "{r:?}");
+        let sel = PcrSelection::parse("sha256:0,7").unwrap();
+        let commands = vec![policy_pcr_command(&sel, &[0xAB; 32]).unwrap()];
+        let right = policy_digest(&commands).unwrap();
+        let mut blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        blob.policy = commands;
+        for (policy, ok) in [(right.clone(), true), (vec![7; 32], false)] {
+            let public = rsa_key(RsaScheme::Null, false, &policy)(blob.public_area().unwrap());
+            let mut b = blob.clone();
+            b.public = marshal_tpm2b_public(&public).unwrap();
+            let r = KeyBlob::from_der(&b.to_der());
+            assert_eq!(r.is_ok(), ok, "{r:?}");
+        }
     }
 
     #[test]

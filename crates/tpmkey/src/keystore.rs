@@ -317,9 +317,22 @@ impl Keystore {
         pem_path: &Path,
         has_pin: Option<bool>,
     ) -> Result<(KeyBlob, KeyMeta)> {
+        self.import_checked(name, pem_path, has_pin, |_| Ok(()))
+    }
+
+    /// As [`Keystore::import`], with `check` run on the parsed key before
+    /// anything is saved (the CLI checks there that the TPM loads it).
+    pub fn import_checked(
+        &self,
+        name: &str,
+        pem_path: &Path,
+        has_pin: Option<bool>,
+        check: impl FnOnce(&KeyBlob) -> Result<()>,
+    ) -> Result<(KeyBlob, KeyMeta)> {
         validate_name(name)?;
         let pem = fs::read_to_string(pem_path).map_err(|e| Error::io(pem_path, e))?;
         let mut blob = KeyBlob::from_pem(&pem)?;
+        check(&blob)?;
         if let Some(p) = has_pin {
             blob.empty_auth = !p;
         }

@@ -7,13 +7,14 @@
 //! ([`p256::EcdhP256`], [`rsa::RsaOaepDecrypt`]) so that the TPM crate
 //! supplies only the one operation the TPM performs.
 
+pub mod file;
 pub mod p256;
 pub mod rsa;
 
 use rand_core::CryptoRngCore;
 use sha2::{Digest, Sha256};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{Stanza, FINGERPRINT_LEN};
 use crate::secret::SessionKey;
 
@@ -65,24 +66,90 @@ pub fn fingerprint_spki(spki_der: &[u8]) -> [u8; FINGERPRINT_LEN] {
     fp
 }
 
-/// Parses a PEM SubjectPublicKeyInfo as a TPM key recipient: RSA keys become
-/// [`rsa::RsaRecipient`], P-256 keys [`p256::P256Recipient`] of kind
-/// [`kind::TPM_P256`].
+/// Parses a PEM SubjectPublicKeyInfo (one `PUBLIC KEY` block) as a TPM key
+/// recipient, as [`tpm_recipient_from_spki_der`] does.
 pub fn tpm_recipient_from_pem(pem: &[u8]) -> Result<Box<dyn Recipient>> {
-    use crate::error::Error;
-    let pkey = openssl::pkey::PKey::public_key_from_pem(pem)
-        .map_err(|_| Error::InvalidRecipient("not a PEM public key".into()))?;
-    let der = pkey
-        .public_key_to_der()
-        .map_err(|e| Error::InvalidRecipient(e.to_string()))?;
+    let (label, der) = pem_rfc7468::decode_vec(pem)
+        .map_err(|e| Error::InvalidRecipient(format!("not a PEM public key ({e})")))?;
+    check_pem_label(label)?;
+    tpm_recipient_from_spki_der(&der)
+}
+
+/// Refuses a PEM block that is not a `PUBLIC KEY`, saying what it is.
+pub(crate) fn check_pem_label(label: &str) -> Result<()> {
+    let why = match label {
+        "PUBLIC KEY" => return Ok(()),
+        "TSS2 PRIVATE KEY" => {
+            "a TSS2 PRIVATE KEY block is a TPM key file, not a recipient: give its public key"
+                .to_string()
+        }
+        "RSA PUBLIC KEY" => "an RSA PUBLIC KEY (PKCS#1) block: give the key as a PUBLIC KEY \
+                             (SubjectPublicKeyInfo) block"
+            .to_string(),
+        l if l.contains("PRIVATE KEY") => format!(
+            "a {l} block is a private key (an identity), not a recipient: give its public \
+             key or recipient string"
+        ),
+        l => format!("a {l} PEM block is not a public key"),
+    };
+    Err(Error::InvalidRecipient(why))
+}
+
+/// Parses a DER SubjectPublicKeyInfo as a TPM key recipient: RSA keys become
+/// [`rsa::RsaRecipient`], P-256 keys [`p256::P256Recipient`] of kind
+/// [`kind::TPM_P256`]. Only keys a TPM key can have are accepted (RSA-2048
+/// with a TPM-compatible exponent, NIST P-256): a file encrypted to any other
+/// key could never be opened by tpmcrypt.
+pub fn tpm_recipient_from_spki_der(der: &[u8]) -> Result<Box<dyn Recipient>> {
+    use openssl::pkey::Id;
+    use spki::der::Decode as _;
+    // Strict DER, nothing after it (OpenSSL alone ignores trailing bytes).
+    spki::SubjectPublicKeyInfoRef::from_der(der).map_err(|_| {
+        Error::InvalidRecipient("not a DER SubjectPublicKeyInfo (public key)".into())
+    })?;
+    let pkey = openssl::pkey::PKey::public_key_from_der(der)
+        .map_err(|_| Error::InvalidRecipient("not a public key OpenSSL can read".into()))?;
+    let other = |name: &str| {
+        Err(Error::InvalidRecipient(format!(
+            "{name} keys cannot be TPM key recipients (only RSA-2048 and NIST P-256)"
+        )))
+    };
     match pkey.id() {
-        openssl::pkey::Id::RSA => Ok(Box::new(rsa::RsaRecipient::from_spki_der(&der)?)),
-        openssl::pkey::Id::EC => Ok(Box::new(p256::P256Recipient::from_spki_der(
-            kind::TPM_P256,
-            &der,
-        )?)),
+        Id::RSA => Ok(Box::new(rsa::RsaRecipient::from_spki_der(der)?)),
+        Id::EC => {
+            check_p256(&pkey)?;
+            Ok(Box::new(p256::P256Recipient::from_spki_der(
+                kind::TPM_P256,
+                der,
+            )?))
+        }
+        Id::RSA_PSS => other("RSA-PSS (signature-only)"),
+        Id::ED25519 => other("Ed25519"),
+        Id::ED448 => other("Ed448"),
+        Id::X25519 => other("X25519"),
+        Id::X448 => other("X448"),
+        Id::DSA => other("DSA"),
+        Id::DH => other("DH"),
         _ => Err(Error::InvalidRecipient(
-            "only RSA and EC P-256 public keys are supported".into(),
+            "this kind of key cannot be a TPM key recipient (only RSA-2048 and NIST P-256)".into(),
+        )),
+    }
+}
+
+/// Refuses an EC key on any curve but NIST P-256, naming the curve.
+fn check_p256(pkey: &openssl::pkey::PKey<openssl::pkey::Public>) -> Result<()> {
+    use openssl::nid::Nid;
+    let ec = pkey.ec_key().map_err(Error::backend)?;
+    match ec.group().curve_name() {
+        Some(Nid::X9_62_PRIME256V1) => Ok(()),
+        Some(nid) => Err(Error::InvalidRecipient(format!(
+            "an EC key on curve {}: only NIST P-256 keys can be TPM key recipients",
+            nid.short_name().unwrap_or("unknown")
+        ))),
+        None => Err(Error::InvalidRecipient(
+            "an EC key with explicit curve parameters: only NIST P-256 keys (named curve) can \
+             be TPM key recipients"
+                .into(),
         )),
     }
 }

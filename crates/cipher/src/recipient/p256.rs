@@ -139,31 +139,37 @@ impl Recipient for P256Recipient {
 /// A P-256 identity: the ECIES unwrap around any [`EcdhP256`] (a software
 /// key or a TPM key).
 pub struct P256Identity<E: EcdhP256> {
-    kind: u8,
     ecdh: E,
     recipient: P256Recipient,
 }
 
 impl<E: EcdhP256> P256Identity<E> {
-    /// Wraps `ecdh` as an identity for stanzas of `kind`.
+    /// Wraps `ecdh` as an identity whose own recipient writes stanzas of
+    /// `kind` (it opens stanzas of both P-256 kinds).
     pub fn new(kind: u8, ecdh: E) -> Result<Self> {
         let recipient = P256Recipient::from_sec1(kind, &ecdh.public_point())?;
-        Ok(P256Identity {
-            kind,
-            ecdh,
-            recipient,
-        })
+        Ok(P256Identity { ecdh, recipient })
     }
 
-    /// The matching recipient.
+    /// The matching recipient (of the kind given to [`P256Identity::new`]).
     pub fn recipient(&self) -> &P256Recipient {
         &self.recipient
     }
 }
 
+/// The stanza kinds of this ECIES: the kind names where the private key is
+/// expected to be (software or TPM), not a different construction.
+fn is_p256_kind(kind: u8) -> bool {
+    kind == super::kind::RECOVERY_P256 || kind == super::kind::TPM_P256
+}
+
 impl<E: EcdhP256> Identity for P256Identity<E> {
+    /// Opens a stanza of either P-256 kind addressed to this key: a file
+    /// encrypted to the PEM public key of a recovery key (which parses as a
+    /// TPM P-256 recipient) opens with that recovery key, and vice versa.
     fn unwrap(&self, stanza: &Stanza) -> Result<Option<SessionKey>> {
-        if stanza.kind != self.kind || stanza.fingerprint() != Some(&self.recipient.fingerprint[..])
+        if !is_p256_kind(stanza.kind)
+            || stanza.fingerprint() != Some(&self.recipient.fingerprint[..])
         {
             return Ok(None);
         }
@@ -175,7 +181,7 @@ impl<E: EcdhP256> Identity for P256Identity<E> {
         PublicKey::from_sec1_bytes(&e_point)
             .map_err(|_| Error::Unwrap("ephemeral key is not a valid P-256 point".into()))?;
         let z = self.ecdh.ecdh(&e_point)?;
-        let cipher = wrap_cipher(self.kind, &z, &e_point, &self.ecdh.public_point())?;
+        let cipher = wrap_cipher(stanza.kind, &z, &e_point, &self.ecdh.public_point())?;
         let plain = Zeroizing::new(
             cipher
                 .decrypt(

@@ -35,23 +35,42 @@ pub struct RsaRecipient {
 }
 
 impl RsaRecipient {
-    /// From a DER SubjectPublicKeyInfo; the modulus must be at least 2048 bits.
+    /// From a DER SubjectPublicKeyInfo. Only a key a TPM can hold as an
+    /// RSA-2048 decryption key is accepted: a 2048-bit modulus and a prime
+    /// public exponent of at most 32 bits (TPMT_PUBLIC stores it as a
+    /// UINT32). Anything else would give files no TPM key can open.
     pub fn from_spki_der(der: &[u8]) -> Result<Self> {
         let public = PKey::public_key_from_der(der)
             .map_err(|_| Error::InvalidRecipient("not a DER public key".into()))?;
         let rsa = public
             .rsa()
             .map_err(|_| Error::InvalidRecipient("not an RSA key".into()))?;
-        if rsa.size() < 256 {
-            return Err(Error::InvalidRecipient(
-                "RSA keys must be at least 2048 bits".into(),
-            ));
+        let bits = rsa.n().num_bits();
+        if bits != 2048 {
+            return Err(Error::InvalidRecipient(format!(
+                "an RSA key of {bits} bits: only RSA-2048 keys can be TPM key recipients"
+            )));
         }
+        check_exponent(rsa.e())?;
         Ok(RsaRecipient {
             public,
             fingerprint: fingerprint_spki(der),
         })
     }
+}
+
+/// Refuses a public exponent no TPM key has: the TPM stores it in 32 bits
+/// and requires a prime greater than 2.
+fn check_exponent(e: &openssl::bn::BigNumRef) -> Result<()> {
+    let mut ctx = openssl::bn::BigNumContext::new().map_err(Error::backend)?;
+    let prime = e.is_prime(64, &mut ctx).map_err(Error::backend)?;
+    if e.num_bits() > 32 || !e.is_bit_set(0) || !prime {
+        let shown = e.to_dec_str().map(|s| s.to_string()).unwrap_or_default();
+        return Err(Error::InvalidRecipient(format!(
+            "RSA public exponent {shown} is not one a TPM key can have (a prime of at most 32 bits)"
+        )));
+    }
+    Ok(())
 }
 
 /// Applies the OAEP parameters to a context: one place for them.

@@ -66,11 +66,19 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if let Some(size) = args.segment_size {
         params = params.with_segment_size(size)?;
     }
-    let mut recipients = args
-        .recipients
-        .iter()
-        .map(|r| keys::parse_recipient(r))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let plaintext_from_stdin = args.files.inputs.is_empty()
+        || args
+            .files
+            .inputs
+            .iter()
+            .any(|p| keys::is_stdin(p.as_os_str()));
+    if plaintext_from_stdin && args.recipients.iter().any(|r| keys::is_stdin(r)) {
+        return Err(crate::exit::usage(
+            "-R - reads the recipients from standard input, so the plaintext cannot come \
+             from it too: name the input files",
+        ));
+    }
+    let mut recipients = keys::parse_recipients(&args.recipients)?;
     for name in &args.keys {
         recipients.extend(keys::key_recipients(ui, name)?);
     }

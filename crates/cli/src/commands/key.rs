@@ -20,6 +20,9 @@ pub enum KeyCommand {
     /// Create a decryption key inside the TPM, under the storage root key.
     Create(CreateArgs),
     /// Import a `TSS2 PRIVATE KEY` PEM (e.g. written by tpm2_encodeobject).
+    /// Only a key this TPM can unbind with is taken: an unrestricted
+    /// decryption key (RSA-2048 with the NULL or OAEP-SHA256 scheme, P-256
+    /// with NULL or ECDH) that loads under the standard storage key.
     Import {
         /// The key file.
         file: PathBuf,
@@ -108,10 +111,11 @@ pub struct CreateArgs {
     /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
     #[arg(long)]
     pub pin: bool,
-    /// Also encrypt every file for this key to a recovery recipient
-    /// (tpmcrypt-recovery:… or a file holding one). May be repeated.
+    /// Also encrypt every file for this key to recovery recipients
+    /// (tpmcrypt-recovery:…, or a recipients file of them, "-" for stdin:
+    /// every line counts). May be repeated.
     #[arg(long, value_name = "RECIPIENT")]
-    pub recovery: Vec<String>,
+    pub recovery: Vec<std::ffi::OsString>,
     /// Replace an existing key of the same name, destroying it (asks
     /// first; --yes to confirm without a terminal).
     #[arg(short, long)]
@@ -141,9 +145,16 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 return Err(exists_already(&name));
             }
             let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+            // A key tpmcrypt could never unbind with is refused before
+            // anything else is asked; the TPM then shows that it loads the
+            // key under the standard storage key.
+            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem).with_context(|| file.display().to_string())?;
             let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
+            let access = TpmAccess::new(Target::from_ui(ui)?);
             let (blob, meta) = store
-                .import(&name, file, has_pin)
+                .import_checked(&name, file, has_pin, |blob| {
+                    access.with(|tpm| tpm.check_loads(blob))
+                })
                 .with_context(|| file.display().to_string())?;
             let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
             println!("imported {name} ({}), fingerprint {fp}", meta.alg);
@@ -276,15 +287,16 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     }
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
     // Recovery recipients are checked before the (slow) TPM work.
-    let recovery = args
-        .recovery
-        .iter()
-        .map(|r| {
-            let parsed = keys::parse_recipient(r)?;
-            if parsed.kind() != tpmcrypt_cipher::recipient::kind::RECOVERY_P256 {
-                return Err(usage(format!("{r}: --recovery takes a recovery recipient")));
-            }
-            recovery_string(r)
+    let recovery = keys::read_recipients(&args.recovery)?
+        .into_iter()
+        .map(|given| {
+            given.recovery.ok_or_else(|| {
+                usage(format!(
+                    "{}: --recovery takes recovery recipients (tpmcrypt-recovery:…), not a TPM \
+                     public key",
+                    given.origin
+                ))
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pin = if args.pin {
@@ -345,20 +357,6 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         );
     }
     Ok(crate::exit::OK)
-}
-
-/// The recovery recipient string named by `value` (a string or a file).
-fn recovery_string(value: &str) -> anyhow::Result<String> {
-    use tpmcrypt_cipher::recovery::RECIPIENT_PREFIX;
-    if value.starts_with(RECIPIENT_PREFIX) {
-        return Ok(value.to_string());
-    }
-    let text = std::fs::read_to_string(value).with_context(|| value.to_string())?;
-    text.lines()
-        .map(str::trim)
-        .find(|l| l.starts_with(RECIPIENT_PREFIX))
-        .map(str::to_string)
-        .ok_or_else(|| usage(format!("{value}: no recovery recipient in this file")))
 }
 
 #[derive(Serialize)]

@@ -278,6 +278,37 @@ impl Tpm {
         self.finish(r)
     }
 
+    /// Checks that this TPM loads `key` under the parent its file names (the
+    /// persistent SRK, or the owner primary of the standard template), then
+    /// flushes it: the key can be used here, without using it. TPM2_Load
+    /// authorizes only the parent, never the key, so no dictionary-attack
+    /// try is spent whatever the key's PIN.
+    pub fn check_loads(&mut self, key: &KeyBlob) -> Result<()> {
+        let public = key.public_area()?;
+        let private = key.private_area()?;
+        self.alive()?;
+        let parent = match key.parent {
+            crate::keyfile::PARENT_OWNER_PRIMARY => format!(
+                "the owner-hierarchy primary of the standard {} template, 0x{:08x}",
+                if key.rsa_parent { "RSA" } else { "ECC" },
+                key.parent
+            ),
+            handle => format!("persistent key 0x{handle:08x}"),
+        };
+        let r = srk::with_srk_for(&mut self.ctx, key.parent, key.rsa_parent, |ctx, srk| {
+            let handle = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
+                ctx.execute_with_session(Some(s), |c| c.load(srk.handle, private, public))
+                    .map_err(|e| classify(Op::Load, e, None))
+            })?;
+            with_object(ctx, handle, |_| Ok(()))
+        })
+        .map_err(|e| match e {
+            Error::WrongTpm { detail } => Error::WrongParent { parent, detail },
+            other => other,
+        });
+        self.finish(r)
+    }
+
     /// TPM2_RSA_Decrypt with OAEP/SHA-256 and an empty label.
     pub fn rsa_decrypt(
         &mut self,

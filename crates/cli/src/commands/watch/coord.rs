@@ -114,11 +114,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         .as_deref()
         .map(stats::metrics_addr)
         .transpose()?;
-    let mut recipients = args
-        .recipients
-        .iter()
-        .map(|r| keys::parse_recipient(r))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut recipients = keys::parse_recipients(&args.recipients)?;
     for name in &args.keys {
         recipients.extend(keys::key_recipients(ui, name)?);
     }

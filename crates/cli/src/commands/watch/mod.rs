@@ -40,9 +40,10 @@ pub struct WatchArgs {
     pub out: PathBuf,
 
     /// Recipient: a recovery recipient string (tpmcrypt-recovery:…), or a
-    /// file holding one or a PEM public key. May be repeated.
+    /// recipients file ("-" for stdin): recovery recipient lines and PEM
+    /// public keys, # comments. May be repeated.
     #[arg(short = 'R', long = "recipient", value_name = "RECIPIENT")]
-    pub recipients: Vec<String>,
+    pub recipients: Vec<std::ffi::OsString>,
 
     /// A key from the keystore, by name (its public half only).
     #[arg(short = 'k', long = "key", value_name = "NAME")]
