@@ -631,6 +631,22 @@ fn a_damaged_key_file_affects_only_that_key_and_never_a_recovery_identity() {
         "{}",
         r.stderr
     );
+    // The same with --simulator: the simulator is never needed, so its
+    // state directory (in the keystore) is no reason to fail.
+    let r = common::run(
+        d,
+        &[
+            "--simulator",
+            "decrypt",
+            "-i",
+            "rec.key",
+            "-o",
+            "-",
+            "secret.txt.tpmc",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, bytes(5000, 3));
 }
 
 // ------------------------------------------------ the docs tell the truth
@@ -783,4 +799,249 @@ fn format_doc_stanza_sizes_match_what_is_written() {
             "{kind}"
         );
     }
+}
+
+// ------------------------------- found by attacking the boundaries above
+
+/// Runs `cmd` for at most `secs` seconds; a run still going then is killed
+/// and reported as hung.
+fn run_bounded(mut cmd: Command, secs: u64, what: &str) -> Run {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {secs} s (hung)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output").into()
+}
+
+#[test]
+fn a_symlink_of_another_user_on_the_way_to_the_socket_is_refused() {
+    let dir = scratch();
+    let d = dir.path();
+    encrypted_file(d);
+    let tmp = d.join("tmp");
+    fs::create_dir(&tmp).unwrap();
+    common::chmod(&tmp, 0o1777);
+    let elsewhere = d.join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    common::chmod(&elsewhere, 0o700);
+    // SAFETY: geteuid cannot fail.
+    let link = tmp.join(format!("tpmcrypt-{}", unsafe { libc::geteuid() }));
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    chown(&link, NOBODY);
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["agent", "--ttl", "1m"])
+        .env("TMPDIR", &tmp)
+        .env_remove("TPMCRYPT_AGENT_SOCK")
+        .env_remove("XDG_RUNTIME_DIR");
+    let r = run_bounded(cmd, 10, "agent behind another user's symlink");
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["symlink", "owned by uid 65534"],
+        "agent behind another user's symlink",
+    );
+    assert!(
+        common::listing(&elsewhere).is_empty(),
+        "nothing made where the symlink points"
+    );
+}
+
+#[test]
+fn the_agent_removes_only_the_socket_it_bound() {
+    let dir = scratch();
+    let d = dir.path();
+    let run_dir = d.join("run");
+    let sock = run_dir.join("agent.sock");
+    let mut agent = tpmcrypt(d)
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The path comes to name something else: the agent must leave it.
+    fs::rename(&sock, run_dir.join("moved.sock")).unwrap();
+    fs::write(&sock, b"precious").unwrap();
+    // SAFETY: plain kill(2) of our child.
+    unsafe {
+        libc::kill(agent.id() as i32, libc::SIGTERM);
+    }
+    let status = agent.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    assert_eq!(fs::read(&sock).unwrap(), b"precious");
+}
+
+#[test]
+fn a_key_file_that_is_a_fifo_or_a_device_never_hangs_a_recovery() {
+    let dir = scratch();
+    let d = dir.path();
+    let ks = d.join(".tpmcrypt-home");
+    encrypted_file(d);
+    fs::create_dir(&ks).unwrap();
+    common::chmod(&ks, 0o700);
+    let fifo = ks.join("fifo.key.pem");
+    let st = Command::new("mkfifo")
+        .arg("-m600")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(st.success());
+    std::os::unix::fs::symlink("/dev/zero", ks.join("zero.key.pem")).unwrap();
+    let meta_fifo = ks.join("other.json");
+    Command::new("mkfifo")
+        .arg("-m600")
+        .arg(&meta_fifo)
+        .status()
+        .expect("mkfifo");
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpmkey/tests/data/tpm2-tools-rsa2048.pem"),
+        ks.join("other.key.pem"),
+    )
+    .unwrap();
+    common::chmod(&ks.join("other.key.pem"), 0o600);
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"]);
+    let r = run_bounded(cmd, 10, "decrypt beside a FIFO key file");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, bytes(5000, 3));
+    for needle in [
+        "keystore key fifo skipped",
+        "not a regular file",
+        "keystore key zero skipped",
+        "is a symlink",
+        "keystore key other skipped",
+    ] {
+        assert!(r.stderr.contains(needle), "{needle}: {}", r.stderr);
+    }
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["key", "list"]);
+    let r = run_bounded(cmd, 10, "key list beside a FIFO key file");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn a_stopped_agent_with_a_full_queue_never_hangs_a_decrypt() {
+    let dir = scratch();
+    let d = dir.path();
+    encrypted_file(d);
+    let sock = d.join("run/agent.sock");
+    let mut agent = tpmcrypt(d)
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: plain kill(2) of our child.
+    unsafe {
+        libc::kill(agent.id() as i32, libc::SIGSTOP);
+    }
+    // Fill its accept queue with connections nobody accepts.
+    let fill = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import socket,sys,time\nss=[]\nwhile True:\n s=socket.socket(socket.AF_UNIX)\n s.setblocking(0)\n try:\n  s.connect(sys.argv[1])\n except BlockingIOError:\n  break\n ss.append(s)\nprint(len(ss),flush=True)\ntime.sleep(60)",
+        )
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut filler = fill;
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(filler.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert!(line.trim().parse::<u32>().is_ok(), "{line}");
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock);
+    let r = run_bounded(cmd, 10, "decrypt with a stuck agent");
+    let _ = filler.kill();
+    let _ = filler.wait();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, bytes(5000, 3));
+    assert!(
+        r.stderr.contains("not accepting connections") || r.stderr.contains("not answering"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_bare_socket_name_is_checked_in_the_working_directory() {
+    // TPMCRYPT_AGENT_SOCK=agent.sock names the working directory: one that
+    // another user owns and anyone can write is no place for the agent.
+    let dir = scratch();
+    let d = dir.path();
+    let theirs = d.join("theirs");
+    their_dir(&theirs, 0o777);
+    let mut cmd = tpmcrypt(d);
+    cmd.current_dir(&theirs)
+        .env("TPMCRYPT_AGENT_SOCK", "agent.sock")
+        .args(["agent", "--ttl", "1m"]);
+    let r = run_bounded(cmd, 10, "agent with a bare socket name");
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["owned by uid 65534"],
+        "agent in another user's working directory",
+    );
+    assert!(common::listing(&theirs).is_empty(), "no socket made there");
+}
+
+#[test]
+fn an_io_cause_is_printed_once_and_a_silent_agent_is_named() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = common::run(d, &["--keystore", "/proc/nonexistent/ks", "key", "list"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.matches("No such file or directory").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    // An agent of our own that accepts and never answers.
+    let sock = d.join("silent.sock");
+    let mut silent = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg("import socket,sys,time\ns=socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\ns.listen(8)\ncs=[]\nwhile True:\n c,_=s.accept()\n cs.append(c)")
+        .arg(&sock)
+        .spawn()
+        .expect("python3");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["agent", "--stop"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock);
+    let r = run_bounded(cmd, 10, "agent --stop of a silent agent");
+    let _ = silent.kill();
+    let _ = silent.wait();
+    common::assert_error_line(&r, 1, None, &["not answering"], "silent agent");
 }

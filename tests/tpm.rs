@@ -822,6 +822,39 @@ fn one_wrong_pin_costs_one_try_whatever_the_number_of_sessions() {
         3,
         "one try for the one wrong typed PIN"
     );
+    // One key under two names shares one PIN budget.
+    let copy = d.join("pk-copy.pem");
+    fs::copy(keystore(d).join("pinned.key.pem"), &copy).unwrap();
+    let r: Run = tpmcrypt(d)
+        .args([
+            "--tpm",
+            &t,
+            "key",
+            "import",
+            "--pin",
+            "--name",
+            "pinned-again",
+        ])
+        .arg(&copy)
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&r, "import the same key again");
+    assert!(
+        r.stderr.contains("key pinned is the same TPM key"),
+        "{}",
+        r.stderr
+    );
+    for f in ["f0", "f1", "f2"] {
+        fs::remove_file(d.join(f)).unwrap();
+    }
+    let r = tc_env(d, &t, &[("TPMCRYPT_PIN", "1111")], &args);
+    assert_eq!(r.code, TPM, "{}", r.stderr);
+    assert_eq!(
+        lockout_counter(&sim, d),
+        4,
+        "one try for one key under two names"
+    );
 }
 
 // ---------------------------------------------------------------- 5. TPM absent

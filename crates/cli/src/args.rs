@@ -279,7 +279,7 @@ pub fn tcti_value(s: &str) -> Result<String, String> {
     }
     s.parse::<tpmcrypt_tpmkey::Tcti>()
         .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
+        .map_err(value_error)
 }
 
 /// `--pcrs BANK:LIST`, checked as it is parsed (a bad bank or index is a
@@ -287,14 +287,23 @@ pub fn tcti_value(s: &str) -> Result<String, String> {
 pub fn pcrs_value(s: &str) -> Result<String, String> {
     tpmcrypt_tpmkey::PcrSelection::parse(s)
         .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
+        .map_err(value_error)
 }
 
 /// `--ttl DURATION`, checked as it is parsed.
 pub fn ttl_value(s: &str) -> Result<String, String> {
     tpmcrypt_tpmkey::agent::parse_duration(s)
         .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
+        .map_err(value_error)
+}
+
+/// A library's "invalid input: …" as clap shows it after "invalid value
+/// '…' for '--flag'": the reason alone.
+fn value_error(e: tpmcrypt_tpmkey::Error) -> String {
+    match e {
+        tpmcrypt_tpmkey::Error::InvalidInput(reason) => reason,
+        other => other.to_string(),
+    }
 }
 
 /// A clap parse error as the one line every tpmcrypt error is: clap's

@@ -30,8 +30,14 @@ impl Target {
     /// From the global flags.
     pub fn from_ui(ui: &Ui) -> anyhow::Result<Target> {
         if ui.simulator {
-            let store = crate::keys::keystore(ui)?;
-            return Ok(Target::Simulator(store.dir().join("simulator")));
+            // Not checked here: the keystore's own users check it (and a
+            // decrypt that leaves an untrusted keystore out never starts
+            // the simulator), so `-i` still works beside one.
+            let dir = match &ui.keystore {
+                Some(dir) => dir.clone(),
+                None => tpmcrypt_tpmkey::Keystore::default_dir()?,
+            };
+            return Ok(Target::Simulator(dir.join("simulator")));
         }
         Ok(Target::Tcti(match &ui.tpm {
             Some(t) => t.parse()?,
@@ -140,10 +146,11 @@ impl Pins {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The PIN of key `name`: `TPMCRYPT_PIN`, else a prompt without echo.
-    fn get(&self, name: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
+    /// The PIN of the key `id` (named `name`): `TPMCRYPT_PIN`, else a
+    /// prompt without echo.
+    fn get(&self, id: &str, name: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
         let mut cache = self.lock();
-        let refused = match cache.get(name) {
+        let refused = match cache.get(id) {
             Some(PinState::Known { pin, .. }) => return Ok(pin.clone()),
             Some(PinState::Refused) => {
                 return Err(tpmcrypt_tpmkey::Error::PinRefusedBefore(name.to_string()))
@@ -162,7 +169,7 @@ impl Pins {
         };
         let pin = read_pin(&prompt)?;
         cache.insert(
-            name.to_string(),
+            id.to_string(),
             PinState::Known {
                 pin: pin.clone(),
                 typed,
@@ -219,6 +226,9 @@ fn external(e: tpmcrypt_tpmkey::Error) -> tpmcrypt_cipher::Error {
 /// A keystore key with the TPM behind it.
 struct TpmKey {
     name: String,
+    /// What PINs are cached under: the key's public area, so that one key
+    /// kept under two names shares one PIN budget.
+    pin_id: String,
     blob: KeyBlob,
     has_pin: bool,
     access: Arc<TpmAccess>,
@@ -237,12 +247,12 @@ impl TpmKey {
     ) -> tpmcrypt_tpmkey::Result<T> {
         use tpmcrypt_tpmkey::Error;
         if !self.has_pin {
-            if self.pins.is_refused(&self.name) {
+            if self.pins.is_refused(&self.pin_id) {
                 return Err(Error::PinRefusedBefore(self.name.clone()));
             }
             return self.access.with(|tpm| op(tpm, None)).map_err(|e| match e {
                 Error::WrongPin => {
-                    self.pins.give_up(&self.name);
+                    self.pins.give_up(&self.pin_id);
                     Error::PinUnavailable(format!(
                         "key {} was refused without a PIN: it has one, but is recorded as \
                          having none; re-import its key file with `tpmcrypt key import --pin`",
@@ -253,10 +263,10 @@ impl TpmKey {
             });
         }
         loop {
-            let pin = self.pins.get(&self.name)?;
+            let pin = self.pins.get(&self.pin_id, &self.name)?;
             match self.access.with(|tpm| op(tpm, Some(&pin[..]))) {
                 Err(Error::WrongPin) => {
-                    if !self.pins.refused(&self.name) {
+                    if !self.pins.refused(&self.pin_id) {
                         return Err(Error::WrongPin);
                     }
                 }
@@ -315,8 +325,10 @@ pub fn identity(
     access: &Arc<TpmAccess>,
     pins: &Arc<Pins>,
 ) -> anyhow::Result<Box<dyn Identity>> {
+    use sha2::Digest;
     let key = TpmKey {
         name: name.to_string(),
+        pin_id: hex::encode(sha2::Sha256::digest(&blob.public)),
         has_pin: meta.has_pin,
         access: access.clone(),
         pins: pins.clone(),

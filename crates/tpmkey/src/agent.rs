@@ -48,7 +48,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -135,6 +135,87 @@ pub fn socket_path() -> PathBuf {
     base.join("tpmcrypt").join("agent.sock")
 }
 
+/// The directory holding the socket `path` (`.` for a bare file name).
+fn socket_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// Connects to `path` without blocking for longer than [`IO_TIMEOUT`]: an
+/// agent that is stopped (SIGSTOP) with a full accept queue makes a
+/// blocking connect wait forever; this one gives up and the caller goes on
+/// without the agent.
+fn connect_bounded(path: &Path) -> io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: an all-zero sockaddr_un is a valid value of the type.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long for a Unix socket",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the fd is owned by `stream` right after.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket that nothing else owns.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    let rc = unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // Linux: the agent's accept queue is full (it is stopped or
+            // stuck). Waiting would not help a short-lived client.
+            Some(libc::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the agent is not accepting connections (its queue is full)",
+                ))
+            }
+            // Not seen for Unix sockets on Linux, but allowed by POSIX.
+            Some(libc::EINPROGRESS) => {
+                let mut fds = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                let ms = IO_TIMEOUT.as_millis() as libc::c_int;
+                // SAFETY: one valid pollfd.
+                if unsafe { libc::poll(&mut fds, 1, ms) } <= 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the agent is not accepting connections",
+                    ));
+                }
+                if let Some(e) = stream.take_error()? {
+                    return Err(e);
+                }
+            }
+            _ => return Err(err),
+        }
+    }
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// Checks the socket at `path` and its directory before anything is sent
 /// there. `Ok(false)`: nothing is there (no agent).
 fn check_socket(path: &Path) -> Result<bool> {
@@ -148,9 +229,7 @@ fn check_socket(path: &Path) -> Result<bool> {
         }
         Err(e) => return Err(io_err(path, e)),
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        trust::check_private_dir(dir, "the agent's socket directory")?;
-    }
+    trust::check_private_dir(socket_dir(path), "the agent's socket directory")?;
     if !meta.file_type().is_socket() {
         return Err(Error::Untrusted {
             path: path.to_path_buf(),
@@ -164,7 +243,7 @@ fn check_socket(path: &Path) -> Result<bool> {
 fn io_err(path: &Path, e: io::Error) -> Error {
     Error::Io {
         path: path.to_path_buf(),
-        source: e,
+        error: e,
     }
 }
 
@@ -192,12 +271,25 @@ impl AgentClient {
                 path: path.to_path_buf(),
                 why: e.to_string(),
             }),
+            // Something listens but does not answer (a stopped or stuck
+            // agent): not "no agent", which would invite starting another.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                Err(io_err(
+                    path,
+                    io::Error::new(e.kind(), "an agent is there but not answering"),
+                ))
+            }
             Err(_) => Ok(None),
         }
     }
 
     fn call(&self, request: &[u8], response_len: usize) -> io::Result<Vec<u8>> {
-        let mut stream = UnixStream::connect(&self.path)?;
+        let mut stream = connect_bounded(&self.path)?;
         // The peer is checked on every connection, before a byte is sent:
         // the socket may have been replaced since `connect` checked it.
         let me = trust::euid();
@@ -316,7 +408,10 @@ impl AgentClient {
 
     /// Asks the agent to wipe everything and exit.
     pub fn stop(&self) -> io::Result<()> {
-        self.call(&[VERSION, OP_STOP], 1).map(|_| ())
+        match self.call(&[VERSION, OP_STOP], 1)?.as_slice() {
+            [0] => Ok(()),
+            _ => Err(io::Error::other("the agent did not accept STOP")),
+        }
     }
 }
 
@@ -335,6 +430,9 @@ pub struct Agent {
     ttl: Duration,
     secrets: HashMap<SecretId, (LockedSecret, Instant)>,
     sessions: HashMap<SecretId, SharedSession>,
+    /// (device, inode) of the socket as bound: only that file is removed
+    /// on exit, whatever the path has come to name since.
+    inode: (u64, u64),
 }
 
 impl Agent {
@@ -346,15 +444,19 @@ impl Agent {
         // umask denies others the write permission that connect needs), and
         // every peer's uid is checked. The umask is left alone: changing it
         // would race with other threads creating files.
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| io_err(dir, e))?;
-            // A directory that existed already may be another user's.
-            trust::check_private_dir(dir, "the agent's socket directory")?;
-        }
+        let dir = socket_dir(path);
+        // Nothing is created under a path another user could redirect.
+        trust::check_ancestors(dir).or_else(|e| match e {
+            Error::Io { .. } => Ok(()),
+            other => Err(other),
+        })?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io_err(dir, e))?;
+        // A directory that existed already may be another user's.
+        trust::check_private_dir(dir, "the agent's socket directory")?;
         if fs::symlink_metadata(path).is_ok() {
             if AgentClient::connect(path)?.is_some() {
                 return Err(Error::InvalidInput(format!(
@@ -368,6 +470,8 @@ impl Agent {
         let listener = bound.map_err(|e| io_err(path, e))?;
         fs::set_permissions(path, fs::Permissions::from_mode(0o600))
             .map_err(|e| io_err(path, e))?;
+        let bound = fs::symlink_metadata(path).map_err(|e| io_err(path, e))?;
+        let inode = (bound.dev(), bound.ino());
         listener
             .set_nonblocking(true)
             .map_err(|e| io_err(path, e))?;
@@ -377,6 +481,7 @@ impl Agent {
             ttl,
             secrets: HashMap::new(),
             sessions: HashMap::new(),
+            inode,
         })
     }
 
@@ -554,7 +659,11 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.secrets.clear();
         self.sessions.clear();
-        let _ = fs::remove_file(&self.path);
+        let ours = fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == self.inode);
+        if ours {
+            let _ = fs::remove_file(&self.path);
+        }
     }
 }
 

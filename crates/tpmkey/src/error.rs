@@ -139,11 +139,12 @@ pub enum Error {
     PinRefusedBefore(String),
 
     /// File system errors, with the path involved.
-    #[error("{path}: {source}")]
+    // The cause is part of the message and deliberately not a `source`:
+    // an error chain printed whole would show it twice.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// OpenSSL failures while converting public keys.
@@ -172,7 +173,7 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

@@ -130,6 +130,12 @@ impl Keystore {
     /// Opens (creating with mode 0700 if needed) a keystore directory.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Keystore> {
         let dir = dir.into();
+        if fs::symlink_metadata(&dir).is_ok() && !dir.is_dir() {
+            return Err(Error::Keystore(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
         if !dir.is_dir() {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -204,30 +210,31 @@ impl Keystore {
     pub fn load(&self, name: &str) -> Result<(KeyBlob, KeyMeta)> {
         validate_name(name)?;
         let path = self.key_path(name);
-        let pem = match fs::read_to_string(&path) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        // The key file and its metadata (which lists recovery recipients
+        // every file for the key is also encrypted to) must be the user's,
+        // regular files of a key file's size (checked as they are read).
+        let not_found = |e: &Error| matches!(e, Error::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound);
+        let pem = match trust::read_private_file(&path, "the key file") {
+            Ok(bytes) => bytes,
+            Err(e) if not_found(&e) => {
                 return Err(Error::Keystore(format!(
                     "no key named '{name}' in {}",
                     self.dir.display()
                 )))
             }
-            Err(e) => return Err(Error::io(&path, e)),
+            Err(e) => return Err(e),
         };
-        // The key file and its metadata (which lists recovery recipients
-        // every file for the key is also encrypted to) must be the user's.
-        trust::check_private_file(&path, "the key file")?;
+        let pem = String::from_utf8(pem).map_err(|_| {
+            Error::Keystore(format!("{}: not a PEM key file (not text)", path.display()))
+        })?;
         let blob = KeyBlob::from_pem(&pem)
             .map_err(|e| Error::Keystore(format!("{}: {e}", path.display())))?;
         let meta_path = self.meta_path(name);
-        let meta = match fs::read(&meta_path) {
-            Ok(bytes) => {
-                trust::check_private_file(&meta_path, "the key's metadata file")?;
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| Error::Keystore(format!("{}: {e}", meta_path.display())))?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => KeyMeta::for_key(name, &blob)?,
-            Err(e) => return Err(Error::io(&meta_path, e)),
+        let meta = match trust::read_private_file(&meta_path, "the key's metadata file") {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Keystore(format!("{}: {e}", meta_path.display())))?,
+            Err(e) if not_found(&e) => KeyMeta::for_key(name, &blob)?,
+            Err(e) => return Err(e),
         };
         Ok((blob, meta))
     }
@@ -240,7 +247,7 @@ impl Keystore {
         let (blob, meta) = self.load(name)?;
         let der = blob.public_key_der()?;
         let pub_path = self.pub_path(name);
-        match fs::read(&pub_path) {
+        match trust::read_private_file(&pub_path, "the public key file") {
             Ok(pem) => {
                 let theirs = openssl::pkey::PKey::public_key_from_pem(&pem)
                     .and_then(|k| k.public_key_to_der())
@@ -256,8 +263,8 @@ impl Keystore {
                     });
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&pub_path, e)),
+            Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
         Ok((der, meta))
     }

@@ -72,10 +72,49 @@ pub fn check_owned(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks every directory above `path` (which must exist): owned by the
-/// caller or root, and not writable by group or others unless sticky.
+/// `path` made absolute against the working directory, as the kernel
+/// resolves it; an empty path is the working directory.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    let cwd = std::env::current_dir().map_err(|e| Error::io(".", e))?;
+    Ok(cwd.join(path))
+}
+
+/// Checks the symlinks on the way to `path`, as it is spelt: a symlink
+/// that another user owns (say, in a sticky `/tmp`) could be re-pointed at
+/// any moment, so the path is not trusted whatever it points to now.
+fn check_symlinks_on_the_way(path: &Path) -> Result<()> {
+    let me = euid();
+    let mut prefix = PathBuf::new();
+    for component in absolute(path)?.components() {
+        prefix.push(component);
+        let Ok(meta) = fs::symlink_metadata(&prefix) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() && meta.uid() != me && meta.uid() != 0 {
+            return Err(untrusted(
+                &prefix,
+                format!(
+                    "this symlink on the way to {} is owned by uid {}, neither you nor root, \
+                     who can re-point it",
+                    path.display(),
+                    meta.uid()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every directory above `path` (which must exist), both as `path`
+/// is spelt (no symlink of another user on the way) and as it resolves:
+/// owned by the caller or root, and not writable by group or others unless
+/// sticky.
 pub fn check_ancestors(path: &Path) -> Result<()> {
-    let canonical = fs::canonicalize(path).map_err(|e| Error::io(path, e))?;
+    check_symlinks_on_the_way(path)?;
+    let canonical = fs::canonicalize(absolute(path)?).map_err(|e| Error::io(path, e))?;
     let me = euid();
     for dir in canonical.ancestors().skip(1) {
         let meta = fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
@@ -107,12 +146,60 @@ pub fn check_ancestors(path: &Path) -> Result<()> {
 /// Checks a directory the caller keeps secrets in: a directory, private
 /// ([`check_private`]), under trusted ancestors ([`check_ancestors`]).
 pub fn check_private_dir(dir: &Path, what: &str) -> Result<()> {
-    let meta = fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    check_ancestors(dir)?;
+    let link = fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if link.file_type().is_symlink() {
+        // Its owner was checked on the way; what it points to counts.
+        check_owned(dir, &link, &format!("{what} (a symlink)"))?;
+    }
+    let meta = fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
     if !meta.is_dir() {
         return Err(untrusted(dir, format!("{what} is not a directory")));
     }
-    check_private(dir, &meta, what)?;
-    check_ancestors(dir)
+    check_private(dir, &meta, what)
+}
+
+/// The largest key file, metadata or public key file tpmcrypt reads (real
+/// ones are a few KiB): a key file that is `/dev/zero` must not eat memory.
+pub const MAX_KEY_FILE: u64 = 1 << 20;
+
+/// Reads a file the caller keeps keys in, without following a symlink and
+/// without blocking on a FIFO: it must be a regular file owned by the
+/// caller, not writable by others, and at most [`MAX_KEY_FILE`] bytes.
+/// Checked on the open file itself (`fstat`), so nothing can be swapped in
+/// between the check and the read.
+pub fn read_private_file(path: &Path, what: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => untrusted(path, format!("{what} is a symlink")),
+            _ => Error::io(path, e),
+        })?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(untrusted(path, format!("{what} is not a regular file")));
+    }
+    check_private(path, &meta, what)?;
+    let mut data = Vec::new();
+    file.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| Error::io(path, e))?;
+    if data.len() as u64 > MAX_KEY_FILE {
+        return Err(untrusted(
+            path,
+            format!("{what} is larger than {MAX_KEY_FILE} bytes: not a key file"),
+        ));
+    }
+    Ok(data)
 }
 
 /// Checks a file the caller keeps secrets or trusted keys in: a regular

@@ -158,6 +158,14 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 .with_context(|| file.display().to_string())?;
             let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
             println!("imported {name} ({}), fingerprint {fp}", meta.alg);
+            for other in store.list()?.iter().filter(|n| **n != name) {
+                if describe(&store, other).is_ok_and(|k| k.fingerprint == fp) {
+                    eprintln!(
+                        "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
+                         under two names shares one PIN"
+                    );
+                }
+            }
             Ok(crate::exit::OK)
         }
         KeyCommand::List { json } => list(&store, *json),
