@@ -1481,6 +1481,22 @@ fn key_import_refuses_keys_that_could_never_unbind() {
         assert_no_handles(&sim, d, &format!("import of {name}"));
     }
     assert!(key_list(d).is_empty(), "a refused key was stored");
+    // The same key file put into the keystore by hand: encrypting to it is
+    // refused too (nothing could ever decrypt the file), as a damaged
+    // keystore entry (exit 1) with the reason.
+    let hand = keystore(d).join("hand.key.pem");
+    fs::copy(d.join("oaep-sha1.pem"), &hand).unwrap();
+    common::chmod(&hand, 0o600);
+    fs::write(d.join("m"), b"data").unwrap();
+    let r = plain(d, &["encrypt", "--key", "hand", "m"]);
+    assert_one_line(
+        &r,
+        1,
+        &["hand.key.pem", "OAEP-SHA1"],
+        "encrypt --key to a hand-placed key",
+    );
+    assert!(!d.join("m.tpmc").exists(), "a file was encrypted to it");
+    fs::remove_file(&hand).unwrap();
 
     // What tpmcrypt does unbind with is imported, and decrypts.
     let accepted = [
