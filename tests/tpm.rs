@@ -1531,6 +1531,21 @@ fn key_import_refuses_keys_that_could_never_unbind() {
         assert_eq!(r.stdout, bytes(100 + i, i as u64), "{name}");
     }
     assert_eq!(key_list(d).len(), accepted.len());
+    // Without the TPM, nothing shows that the key loads: not imported.
+    let r = tc(
+        d,
+        &closed_tcti(),
+        &[
+            "key",
+            "import",
+            "rsa-null.pem",
+            "--name",
+            "later",
+            "--no-pin",
+        ],
+    );
+    assert_one_line(&r, TPM, &["unreachable"], "import without a TPM");
+    assert_eq!(key_list(d).len(), accepted.len(), "imported without a TPM");
     // No import spent a dictionary-attack try.
     let props = tpm2_tool(&sim, d, &["tpm2_getcap", "properties-variable"]);
     assert!(
