@@ -1322,6 +1322,28 @@ fn key_create_recovery_file_records_every_recipient() {
 
     // A bad line, or a PEM key (not a recovery recipient): no key is made.
     let pem = stdout(&plain(d, &["key", "export", "k"]));
+    // The key's PEM in a recipients file with a recovery line: the TPM
+    // opens the file, and so does the recovery key.
+    fs::write(
+        d.join("team.txt"),
+        format!("# the key\n{pem}\n# backup\n{r1}\n"),
+    )
+    .unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "-R", "team.txt", "-o", "t.tpmc", "m"]),
+        "encrypt -R with the key's PEM",
+    );
+    assert_eq!(
+        inspect(d, "t.tpmc")["recipients"].as_array().unwrap().len(),
+        2
+    );
+    let r = plain(d, &["--simulator", "-v", "decrypt", "-o", "-", "t.tpmc"]);
+    assert_ok(&r, "the TPM key opens it");
+    assert_summary(&r, 1, 1, 1, "the TPM key opens it");
+    assert_eq!(r.stdout, bytes(777, 1));
+    let r = plain(d, &["decrypt", "-i", "r1.key", "-o", "-", "t.tpmc"]);
+    assert_ok(&r, "the recovery line of the file opens it");
+    assert_eq!(r.stdout, bytes(777, 1));
     for (what, text, line) in [
         ("a bad line", format!("{r1}\n# c\n{r2}x\n"), "line 3"),
         ("a public key", format!("{r1}\n{pem}"), "line 2"),
