@@ -1355,6 +1355,28 @@ fn key_create_recovery_file_records_every_recipient() {
 
     // A bad line, or a PEM key (not a recovery recipient): no key is made.
     let pem = stdout(&plain(d, &["key", "export", "k"]));
+    // The key's PEM in a recipients file with a recovery line: the TPM
+    // opens the file, and so does the recovery key.
+    fs::write(
+        d.join("team.txt"),
+        format!("# the key\n{pem}\n# backup\n{r1}\n"),
+    )
+    .unwrap();
+    assert_ok(
+        &plain(d, &["encrypt", "-R", "team.txt", "-o", "t.tpmc", "m"]),
+        "encrypt -R with the key's PEM",
+    );
+    assert_eq!(
+        inspect(d, "t.tpmc")["recipients"].as_array().unwrap().len(),
+        2
+    );
+    let r = plain(d, &["--simulator", "-v", "decrypt", "-o", "-", "t.tpmc"]);
+    assert_ok(&r, "the TPM key opens it");
+    assert_summary(&r, 1, 1, 1, "the TPM key opens it");
+    assert_eq!(r.stdout, bytes(777, 1));
+    let r = plain(d, &["decrypt", "-i", "r1.key", "-o", "-", "t.tpmc"]);
+    assert_ok(&r, "the recovery line of the file opens it");
+    assert_eq!(r.stdout, bytes(777, 1));
     for (what, text, line) in [
         ("a bad line", format!("{r1}\n# c\n{r2}x\n"), "line 3"),
         ("a public key", format!("{r1}\n{pem}"), "line 2"),
@@ -1514,6 +1536,22 @@ fn key_import_refuses_keys_that_could_never_unbind() {
         assert_no_handles(&sim, d, &format!("import of {name}"));
     }
     assert!(key_list(d).is_empty(), "a refused key was stored");
+    // The same key file put into the keystore by hand: encrypting to it is
+    // refused too (nothing could ever decrypt the file), as a damaged
+    // keystore entry (exit 1) with the reason.
+    let hand = keystore(d).join("hand.key.pem");
+    fs::copy(d.join("oaep-sha1.pem"), &hand).unwrap();
+    common::chmod(&hand, 0o600);
+    fs::write(d.join("m"), b"data").unwrap();
+    let r = plain(d, &["encrypt", "--key", "hand", "m"]);
+    assert_one_line(
+        &r,
+        1,
+        &["hand.key.pem", "OAEP-SHA1"],
+        "encrypt --key to a hand-placed key",
+    );
+    assert!(!d.join("m.tpmc").exists(), "a file was encrypted to it");
+    fs::remove_file(&hand).unwrap();
 
     // What tpmcrypt does unbind with is imported, and decrypts.
     let accepted = [
@@ -1548,6 +1586,21 @@ fn key_import_refuses_keys_that_could_never_unbind() {
         assert_eq!(r.stdout, bytes(100 + i, i as u64), "{name}");
     }
     assert_eq!(key_list(d).len(), accepted.len());
+    // Without the TPM, nothing shows that the key loads: not imported.
+    let r = tc(
+        d,
+        &closed_tcti(),
+        &[
+            "key",
+            "import",
+            "rsa-null.pem",
+            "--name",
+            "later",
+            "--no-pin",
+        ],
+    );
+    assert_one_line(&r, TPM, &["unreachable"], "import without a TPM");
+    assert_eq!(key_list(d).len(), accepted.len(), "imported without a TPM");
     // No import spent a dictionary-attack try.
     let props = tpm2_tool(&sim, d, &["tpm2_getcap", "properties-variable"]);
     assert!(

@@ -107,3 +107,36 @@ proptest! {
         let _ = KeyBlob::from_pem(&format!("-----BEGIN TSS2 PRIVATE KEY-----\n{s}\n-----END TSS2 PRIVATE KEY-----\n"));
     }
 }
+
+/// Key files written by tpm2-tools 5.4 (`tpm2_create` + `tpm2_encodeobject`
+/// under the standard ECC SRK) for keys tpmcrypt could never unbind with:
+/// each is refused from its public area alone, naming the reason.
+#[test]
+fn tpm2_tools_keys_that_could_never_unbind() {
+    for (pem, reason) in [
+        (
+            include_str!("data/tpm2-tools-rsa2048-oaep-sha1.pem"),
+            "OAEP-SHA1",
+        ),
+        (
+            include_str!("data/tpm2-tools-rsa2048-rsaes.pem"),
+            "RSAES-PKCS#1",
+        ),
+        (
+            include_str!("data/tpm2-tools-ecc-p256-ecdsa-sign.pem"),
+            "decrypt attribute",
+        ),
+        (
+            include_str!("data/tpm2-tools-ecc-p256-no-auth.pem"),
+            "nothing can authorize",
+        ),
+    ] {
+        match KeyBlob::from_pem(pem) {
+            Err(e @ Error::Unusable(_)) => {
+                assert!(e.to_string().contains(reason), "{e}");
+                assert_eq!(e.exit_class().code(), 2);
+            }
+            other => panic!("{reason}: {other:?}"),
+        }
+    }
+}

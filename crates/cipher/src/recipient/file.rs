@@ -14,7 +14,7 @@
 //! recover. Leading and trailing white space (and a CR of CRLF line ends)
 //! is ignored on every line; PEM blocks are decoded strictly (RFC 7468).
 
-use super::{check_pem_label, tpm_recipient_from_spki_der, Recipient};
+use super::{decode_public_key_pem, tpm_recipient_from_spki_der, Recipient};
 use crate::error::Error;
 use crate::recovery;
 
@@ -120,10 +120,7 @@ fn split_lines(data: &[u8]) -> Vec<(usize, &[u8])> {
 
 /// Decodes one PEM block as a TPM key recipient.
 fn pem_entry(block: &[u8]) -> crate::error::Result<Box<dyn Recipient>> {
-    let (label, der) = pem_rfc7468::decode_vec(block)
-        .map_err(|e| Error::InvalidRecipient(format!("bad PEM block ({e})")))?;
-    check_pem_label(label)?;
-    tpm_recipient_from_spki_der(&der)
+    tpm_recipient_from_spki_der(&decode_public_key_pem(block)?)
 }
 
 #[cfg(test)]
@@ -166,6 +163,33 @@ mod tests {
         );
         assert!(parse(b"").unwrap().is_empty());
         assert!(parse(b"# only\n\n   \n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn pem_lines_of_any_one_width() {
+        let pem = p256_pem();
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        for width in [64, 76, 70, 4, body.len()] {
+            let lines: Vec<String> = body
+                .as_bytes()
+                .chunks(width)
+                .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                .collect();
+            let text = format!(
+                "-----BEGIN PUBLIC KEY-----\r\n{}\r\n-----END PUBLIC KEY-----\r\n",
+                lines.join("\r\n")
+            );
+            let entries = parse(text.as_bytes()).unwrap_or_else(|e| panic!("{width}: {e}"));
+            assert_eq!(entries.len(), 1);
+        }
+        // Lines of different widths are not a PEM encoding.
+        assert_eq!(body.len(), 124);
+        let ragged = format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n{}\n-----END PUBLIC KEY-----\n",
+            &body[..60],
+            &body[60..]
+        );
+        assert!(parse(ragged.as_bytes()).is_err());
     }
 
     #[test]

@@ -69,10 +69,28 @@ pub fn fingerprint_spki(spki_der: &[u8]) -> [u8; FINGERPRINT_LEN] {
 /// Parses a PEM SubjectPublicKeyInfo (one `PUBLIC KEY` block) as a TPM key
 /// recipient, as [`tpm_recipient_from_spki_der`] does.
 pub fn tpm_recipient_from_pem(pem: &[u8]) -> Result<Box<dyn Recipient>> {
-    let (label, der) = pem_rfc7468::decode_vec(pem)
+    let der = decode_public_key_pem(pem)
         .map_err(|e| Error::InvalidRecipient(format!("not a PEM public key ({e})")))?;
-    check_pem_label(label)?;
     tpm_recipient_from_spki_der(&der)
+}
+
+/// Decodes one PEM block (RFC 7468: boundaries, labels and base64 are
+/// checked strictly) that must be a `PUBLIC KEY`. Lines of any width are
+/// accepted as long as every line but the last has the width of the first
+/// (OpenSSL wraps at 64 columns, other tools at 76, or not at all).
+pub(crate) fn decode_public_key_pem(pem: &[u8]) -> Result<Vec<u8>> {
+    let bad = |e: pem_rfc7468::Error| Error::InvalidRecipient(format!("bad PEM block ({e})"));
+    let width = pem
+        .split(|&b| b == b'\n')
+        .skip_while(|l| !l.trim_ascii_start().starts_with(b"-----BEGIN "))
+        .nth(1)
+        .map_or(0, |l| l.trim_ascii_end().len())
+        .max(4);
+    let mut decoder = pem_rfc7468::Decoder::new_wrapped(pem, width).map_err(bad)?;
+    check_pem_label(decoder.type_label())?;
+    let mut der = Vec::new();
+    decoder.decode_to_end(&mut der).map_err(bad)?;
+    Ok(der)
 }
 
 /// Refuses a PEM block that is not a `PUBLIC KEY`, saying what it is.
