@@ -2,9 +2,11 @@
 //! transform over each task with crash-safe outputs. Shared by `encrypt` and
 //! `decrypt`, which differ only in the transform and the naming rule.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, IsTerminal, Write};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,7 @@ use anyhow::Context as _;
 use tpmcrypt_cipher::StreamOptions;
 
 use crate::args::FileArgs;
-use crate::atomic::{self, AtomicFile, PARTIAL_MARKER};
+use crate::atomic::{self, AtomicFile};
 use crate::exit::{self, usage};
 use crate::stamp::Stamp;
 
@@ -60,7 +62,7 @@ impl Task {
     pub fn label(&self) -> String {
         match &self.source {
             Source::Stdin => "<stdin>".into(),
-            Source::File(p) => p.display().to_string(),
+            Source::File(p) => shown(p),
         }
     }
 }
@@ -79,12 +81,15 @@ pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
             Ok(PathBuf::from(name))
         }
         Naming::Decrypt => {
-            let s = input.to_string_lossy();
-            match s.strip_suffix(&format!(".{SUFFIX}")) {
-                Some(stem) if !stem.is_empty() && !stem.ends_with('/') => Ok(PathBuf::from(stem)),
+            // Bytes, not text: a name that is not UTF-8 keeps every byte.
+            let s = input.as_os_str().as_bytes();
+            match s.strip_suffix(format!(".{SUFFIX}").as_bytes()) {
+                Some(stem) if !stem.is_empty() && !stem.ends_with(b"/") => {
+                    Ok(PathBuf::from(OsStr::from_bytes(stem)))
+                }
                 _ => Err(usage(format!(
                     "{}: cannot derive an output name (no .{SUFFIX} suffix); use -o",
-                    input.display()
+                    shown(input)
                 ))),
             }
         }
@@ -112,15 +117,15 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
     }
     let mut sources = Vec::new();
     for input in &args.inputs {
-        let meta = fs::symlink_metadata(input).with_context(|| input.display().to_string())?;
+        let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
         if meta.is_dir() {
             if !args.recursive {
                 return Err(usage(format!(
                     "{}: is a directory (use -r to recurse)",
-                    input.display()
+                    shown(input)
                 )));
             }
-            walk(input, naming, &mut sources).with_context(|| input.display().to_string())?;
+            walk(input, naming, &mut sources).with_context(|| shown(input))?;
         } else {
             sources.push(input.clone());
         }
@@ -180,8 +185,8 @@ fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
         if let Some(other) = inputs.get(&id(&m)).filter(|p| **p != src.as_path()) {
             return Err(usage(format!(
                 "{} is an input and also the output of {}",
-                other.display(),
-                src.display()
+                shown(other),
+                shown(src)
             )));
         }
     }
@@ -198,11 +203,11 @@ fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
         let path = entry.path();
         let ft = entry.file_type()?;
         let name = entry.file_name();
-        let name = name.to_string_lossy();
+        let name = name.as_bytes();
         if ft.is_dir() {
             walk(&path, naming, out)?;
-        } else if ft.is_file() && !name.contains(PARTIAL_MARKER) {
-            let is_ct = name.ends_with(&format!(".{SUFFIX}"));
+        } else if ft.is_file() && !atomic::is_partial_name(name) {
+            let is_ct = name.ends_with(format!(".{SUFFIX}").as_bytes());
             if is_ct == (naming == Naming::Decrypt) {
                 out.push(path);
             }
@@ -365,6 +370,21 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     summary
 }
 
+/// A path as it may stand in one line on a terminal: as [`printable`], and
+/// each byte that is not UTF-8 shown as `\xNN` (two names that differ
+/// only there stay two names, where a lossy conversion would show both
+/// with U+FFFD). For display only: the path itself is used as bytes.
+pub fn shown(path: &Path) -> String {
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(&printable(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// The cause chain on one line, as [`printable`].
 pub fn one_line(err: &anyhow::Error) -> String {
     printable(&format!("{err:#}"))
@@ -473,26 +493,26 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform_into(&mut out, &dest.display(), STREAMED)?
+            transform_into(&mut out, &shown(dest), STREAMED)?
         }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
-                .with_context(|| format!("creating {}", dest.display()))?;
+                .with_context(|| format!("creating {}", shown(dest)))?;
             let durable = opts.in_place || !opts.no_sync;
             let n = if durable {
                 transform_into(
                     &mut atomic::Writeback::new(out.file()),
-                    &dest.display(),
+                    &shown(dest),
                     DISCARDED,
                 )?
             } else {
-                transform_into(out.file(), &dest.display(), DISCARDED)?
+                transform_into(out.file(), &shown(dest), DISCARDED)?
             };
             if durable {
                 // Delayed allocation can report a full disk only here.
                 out.sync()
-                    .map_err(|e| anyhow::Error::new(e).context(write_error(&dest.display())))?;
+                    .map_err(|e| anyhow::Error::new(e).context(write_error(&shown(dest))))?;
                 out.commit()
             } else {
                 out.commit_unsynced()
@@ -503,7 +523,7 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                     anyhow::Error::new(e)
                 } else {
                     // A failed rename or directory fsync is the output's.
-                    anyhow::Error::new(e).context(write_error(&dest.display()))
+                    anyhow::Error::new(e).context(write_error(&shown(dest)))
                 }
             })?;
             if opts.in_place {
@@ -589,6 +609,12 @@ mod tests {
     }
 
     #[test]
+    fn shown_escapes_bytes_that_are_not_utf8() {
+        let p = Path::new(OsStr::from_bytes(b"d\n/caf\xe9\xe8 \xc3\xa9"));
+        assert_eq!(shown(p), "d\\n/caf\\xe9\\xe8 é");
+    }
+
+    #[test]
     fn stdin_to_stdout_or_file() {
         let t = plan(&args(&[], None), Naming::Encrypt).unwrap();
         assert_eq!(
@@ -614,6 +640,15 @@ mod tests {
         );
         assert!(output_name(Path::new("a/b.txt"), Naming::Decrypt).is_err());
         assert!(output_name(Path::new(".tpmc"), Naming::Decrypt).is_err());
+        assert!(output_name(Path::new("a/.tpmc"), Naming::Decrypt).is_err());
+        assert_eq!(
+            output_name(
+                Path::new(OsStr::from_bytes(b"caf\xe9.tpmc")),
+                Naming::Decrypt
+            )
+            .unwrap(),
+            PathBuf::from(OsStr::from_bytes(b"caf\xe9"))
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::BufReader;
+use std::os::unix::ffi::OsStrExt;
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -22,6 +23,10 @@ struct RecipientInfo {
 #[derive(Serialize)]
 struct Inspect {
     file: String,
+    /// The path's exact bytes, when it is not UTF-8 (`file` then shows
+    /// those bytes escaped, `\xNN`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_hex: Option<String>,
     format_version: u8,
     mode: &'static str,
     key_bits: u32,
@@ -38,7 +43,7 @@ struct Inspect {
 
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
-    let label = || args.file.display().to_string();
+    let label = || crate::files::shown(&args.file);
     let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
     let header = Header::read_from(&mut input).with_context(label)?;
     let session_key = if args.reveal_session_key {
@@ -57,6 +62,11 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
     let params = header.params;
     let info = Inspect {
         file: label(),
+        file_hex: args
+            .file
+            .to_str()
+            .is_none()
+            .then(|| hex::encode(args.file.as_os_str().as_bytes())),
         format_version: tpmcrypt_cipher::format::VERSION,
         mode: params.mode.name(),
         key_bits: params.key_bits(),

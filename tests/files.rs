@@ -1,0 +1,144 @@
+//! End-to-end tests of the file boundaries of `encrypt` and `decrypt`:
+//! names are bytes, recursion decides by content, sizes are not trusted,
+//! `--in-place` keeps who owns a file, and standard output that is gone
+//! (a closed pipe, a closed descriptor) is never taken for success.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+use common::{assert_error_line, assert_ok, recovery, run, tpmcrypt, Run};
+
+/// A scratch directory holding a recovery identity `id`; returns the
+/// directory and the identity's recipient string.
+fn scratch() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = recovery(dir.path(), "id");
+    (dir, r)
+}
+
+/// Runs the binary with arguments that need not be UTF-8.
+fn run_os(dir: &Path, args: &[&OsStr]) -> Run {
+    tpmcrypt(dir).args(args).output().expect("spawn").into()
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// The names in `dir`, as bytes, sorted.
+fn raw_listing(dir: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_vec())
+        .collect();
+    v.sort();
+    v
+}
+
+// ------------------------------------------------------------ names are bytes
+
+/// Two names that differ only in a byte that is not UTF-8 (`caf\xe9.txt`,
+/// `caf\xe8.txt`) stay two files through `encrypt --in-place` and
+/// `decrypt --in-place -f`, each under its exact byte name; an error line
+/// shows such a byte escaped (`\xe9`), never as U+FFFD.
+#[test]
+fn names_that_are_not_utf8_keep_their_bytes() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let e9 = OsStr::from_bytes(b"caf\xe9.txt");
+    let e8 = OsStr::from_bytes(b"caf\xe8.txt");
+    fs::write(d.join(e9), b"e9 content").unwrap();
+    fs::write(d.join(e8), b"e8 content").unwrap();
+    let res = run_os(
+        d,
+        &[os("encrypt"), os("-R"), os(&r), os("--in-place"), e9, e8],
+    );
+    assert_ok(&res, "encrypt --in-place");
+    let ct9 = OsStr::from_bytes(b"caf\xe9.txt.tpmc");
+    let ct8 = OsStr::from_bytes(b"caf\xe8.txt.tpmc");
+    assert_eq!(
+        raw_listing(d),
+        vec![
+            b"caf\xe8.txt.tpmc".to_vec(),
+            b"caf\xe9.txt.tpmc".to_vec(),
+            b"id".to_vec()
+        ]
+    );
+    let res = run_os(
+        d,
+        &[
+            os("decrypt"),
+            os("-i"),
+            os("id"),
+            os("--in-place"),
+            os("-f"),
+            ct9,
+            ct8,
+        ],
+    );
+    assert_ok(&res, "decrypt --in-place -f");
+    assert_eq!(
+        raw_listing(d),
+        vec![
+            b"caf\xe8.txt".to_vec(),
+            b"caf\xe9.txt".to_vec(),
+            b"id".to_vec()
+        ]
+    );
+    assert_eq!(fs::read(d.join(e9)).unwrap(), b"e9 content");
+    assert_eq!(fs::read(d.join(e8)).unwrap(), b"e8 content");
+
+    // -r finds them too, and names them exactly.
+    fs::create_dir(d.join("t")).unwrap();
+    fs::rename(d.join(e9), d.join("t").join(e9)).unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "-r", "--in-place", "t"]);
+    assert_ok(&res, "encrypt -r");
+    assert_eq!(
+        raw_listing(&d.join("t")),
+        vec![b"caf\xe9.txt.tpmc".to_vec()]
+    );
+    let res = run(d, &["decrypt", "-i", "id", "-r", "--in-place", "t"]);
+    assert_ok(&res, "decrypt -r");
+    assert_eq!(raw_listing(&d.join("t")), vec![b"caf\xe9.txt".to_vec()]);
+
+    // An error about such a name shows the byte escaped.
+    fs::write(d.join(ct8), b"in the way").unwrap();
+    let res = run_os(d, &[os("encrypt"), os("-R"), os(&r), e8]);
+    assert_error_line(&res, 1, Some("caf\\xe8.txt"), &["already exists"], "exists");
+    assert!(
+        res.stderr.contains("caf\\xe8.txt.tpmc already exists"),
+        "{}",
+        res.stderr
+    );
+    assert!(!res.stderr.contains('\u{fffd}'), "{}", res.stderr);
+}
+
+/// `inspect --json` of a file whose name is not UTF-8: `file` shows the
+/// name as error lines do, `file_hex` gives its exact bytes.
+#[test]
+fn inspect_json_gives_the_exact_bytes_of_a_name() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"x").unwrap();
+    let name = OsStr::from_bytes(b"n\xff.tpmc");
+    let res = run_os(
+        d,
+        &[os("encrypt"), os("-R"), os(&r), os("-o"), name, os("p")],
+    );
+    assert_ok(&res, "encrypt -o");
+    let res = run_os(d, &[os("inspect"), os("--json"), name]);
+    assert_ok(&res, "inspect");
+    let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert_eq!(v["file"], "n\\xff.tpmc");
+    assert_eq!(v["file_hex"], hex::encode(b"n\xff.tpmc"));
+    // A UTF-8 name has no file_hex.
+    fs::rename(d.join(name), d.join("été.tpmc")).unwrap();
+    let res = run(d, &["inspect", "--json", "été.tpmc"]);
+    let v: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert_eq!(v["file"], "été.tpmc");
+    assert!(v.get("file_hex").is_none(), "{v}");
+}
