@@ -142,3 +142,84 @@ fn inspect_json_gives_the_exact_bytes_of_a_name() {
     assert_eq!(v["file"], "été.tpmc");
     assert!(v.get("file_hex").is_none(), "{v}");
 }
+
+// ------------------------------------------------- recursion decides by content
+
+use std::os::unix::fs::symlink;
+
+/// `encrypt -r` (with `--in-place`) encrypts a plaintext file that happens
+/// to be named `*.tpmc` and leaves out only real tpmcrypt files; `-v`
+/// names every file it left out and why, and counts them in its summary.
+/// `decrypt -r` takes what is ciphertext: a `*.tpmc` that is not fails
+/// (exit 3), a ciphertext without the suffix is reported as left out.
+#[test]
+fn recursion_decides_by_content_and_reports_what_it_skips() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let t = d.join("t");
+    fs::create_dir(&t).unwrap();
+    fs::write(t.join("real"), b"real plaintext").unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "--in-place", "t/real"]),
+        "real",
+    );
+    fs::write(t.join("fake.tpmc"), b"plaintext named like ciphertext").unwrap();
+    fs::write(t.join("plain"), b"plain").unwrap();
+    symlink(d.join("id"), t.join("link")).unwrap();
+
+    let res = run(d, &["-v", "encrypt", "-R", &r, "-r", "--in-place", "t"]);
+    assert_ok(&res, "encrypt -r --in-place");
+    assert!(!t.join("fake.tpmc").exists(), "plaintext left in the clear");
+    assert!(t.join("fake.tpmc.tpmc").exists());
+    assert!(t.join("plain.tpmc").exists() && !t.join("plain").exists());
+    assert!(
+        !t.join("real.tpmc.tpmc").exists(),
+        "ciphertext encrypted again"
+    );
+    let lines: Vec<&str> = res.stderr.lines().collect();
+    assert!(
+        lines.contains(&"tpmcrypt: skipped t/real.tpmc: already a tpmcrypt file"),
+        "{}",
+        res.stderr
+    );
+    assert!(
+        lines.contains(&"tpmcrypt: skipped t/link: a symbolic link (not followed)"),
+        "{}",
+        res.stderr
+    );
+    assert!(
+        res.stderr
+            .contains("tpmcrypt: encrypted 2 file(s), 36 bytes, 0 failed, 2 skipped"),
+        "{}",
+        res.stderr
+    );
+
+    // decrypt -r: fake.tpmc.tpmc and plain.tpmc decrypt, real.tpmc too; a
+    // ciphertext without the suffix is named as left out.
+    fs::rename(t.join("real.tpmc"), t.join("renamed")).unwrap();
+    let res = run(d, &["-v", "decrypt", "-i", "id", "-r", "--in-place", "t"]);
+    assert_ok(&res, "decrypt -r");
+    assert_eq!(
+        fs::read(t.join("fake.tpmc")).unwrap(),
+        b"plaintext named like ciphertext"
+    );
+    assert_eq!(fs::read(t.join("plain")).unwrap(), b"plain");
+    assert!(
+        res.stderr.contains(
+            "tpmcrypt: skipped t/renamed: a tpmcrypt file without the .tpmc suffix (decrypt it with -o)"
+        ),
+        "{}",
+        res.stderr
+    );
+    assert!(res.stderr.contains(", 2 skipped"), "{}", res.stderr);
+    // The plaintext fake.tpmc, now in a decrypt -r, is not ciphertext: an
+    // integrity failure, not a silent skip.
+    let res = run(d, &["decrypt", "-i", "id", "-r", "t"]);
+    assert_error_line(
+        &res,
+        3,
+        Some("t/fake.tpmc"),
+        &["not a tpmcrypt file"],
+        "fake",
+    );
+}

@@ -96,8 +96,26 @@ pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// A file a recursive run leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The file.
+    pub path: PathBuf,
+    /// Why, as shown after its name.
+    pub why: &'static str,
+}
+
+/// What a run will do: its tasks, and the files it leaves out.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// One per input.
+    pub tasks: Vec<Task>,
+    /// Files met while recursing that are not inputs.
+    pub skipped: Vec<Skipped>,
+}
+
 /// Plans the tasks for the given inputs and flags.
-pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
+pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
     if stdin_only {
         if args.in_place {
@@ -107,15 +125,19 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
             Some(p) if !is_dash(p) => Sink::File(p.clone()),
             _ => Sink::Stdout,
         };
-        return Ok(vec![Task {
-            source: Source::Stdin,
-            sink,
-        }]);
+        return Ok(Plan {
+            tasks: vec![Task {
+                source: Source::Stdin,
+                sink,
+            }],
+            skipped: Vec::new(),
+        });
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
     }
     let mut sources = Vec::new();
+    let mut skipped = Vec::new();
     for input in &args.inputs {
         let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
         if meta.is_dir() {
@@ -125,7 +147,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
                     shown(input)
                 )));
             }
-            walk(input, naming, &mut sources).with_context(|| shown(input))?;
+            walk(input, naming, &mut sources, &mut skipped).with_context(|| shown(input))?;
         } else {
             sources.push(input.clone());
         }
@@ -139,10 +161,13 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
         } else {
             Sink::File(out.clone())
         };
-        return Ok(vec![Task {
-            source: Source::File(sources.remove(0)),
-            sink,
-        }]);
+        return Ok(Plan {
+            tasks: vec![Task {
+                source: Source::File(sources.remove(0)),
+                sink,
+            }],
+            skipped,
+        });
     }
     let tasks = sources
         .into_iter()
@@ -154,7 +179,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     refuse_outputs_that_are_inputs(&tasks)?;
-    Ok(tasks)
+    Ok(Plan { tasks, skipped })
 }
 
 /// Refuses a run in which one input's output is another of its inputs
@@ -193,10 +218,18 @@ fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Collects regular files under `dir`, never following symlinks. When
-/// encrypting, files that are already ciphertext are left out; when
-/// decrypting, only ciphertext is taken. Crash leftovers are never inputs.
-fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
+/// Collects the inputs under `dir`, never following symlinks, deciding by
+/// content, not by name: when encrypting, every regular file that is not
+/// already a tpmcrypt file (by its magic bytes), whatever its name; when
+/// decrypting, every `*.tpmc` file (one that is not ciphertext then fails,
+/// as a damaged one would) and no other. Everything else met is recorded
+/// in `skipped` with the reason. Crash leftovers are never inputs.
+fn walk(
+    dir: &Path,
+    naming: Naming,
+    out: &mut Vec<PathBuf>,
+    skipped: &mut Vec<Skipped>,
+) -> io::Result<()> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
@@ -204,16 +237,61 @@ fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
         let ft = entry.file_type()?;
         let name = entry.file_name();
         let name = name.as_bytes();
-        if ft.is_dir() {
-            walk(&path, naming, out)?;
-        } else if ft.is_file() && !atomic::is_partial_name(name) {
-            let is_ct = name.ends_with(format!(".{SUFFIX}").as_bytes());
-            if is_ct == (naming == Naming::Decrypt) {
-                out.push(path);
+        let why = if ft.is_dir() {
+            walk(&path, naming, out, skipped)?;
+            continue;
+        } else if ft.is_symlink() {
+            "a symbolic link (not followed)"
+        } else if !ft.is_file() {
+            "not a regular file"
+        } else if atomic::is_partial_name(name) {
+            "a temporary of an interrupted run"
+        } else {
+            match pick(&path, name, naming) {
+                None => {
+                    out.push(path);
+                    continue;
+                }
+                Some(why) => why,
             }
-        }
+        };
+        skipped.push(Skipped { path, why });
     }
     Ok(())
+}
+
+/// Whether a regular file met by [`walk`] is an input (None) or why not.
+fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
+    let named_ct = name.ends_with(format!(".{SUFFIX}").as_bytes());
+    match naming {
+        // The name promises ciphertext: a file that is not fails loudly.
+        Naming::Decrypt if named_ct => None,
+        Naming::Decrypt => match starts_with_magic(path) {
+            Ok(true) => Some("a tpmcrypt file without the .tpmc suffix (decrypt it with -o)"),
+            Ok(false) => Some("not a tpmcrypt file"),
+            Err(_) => Some("cannot be read"),
+        },
+        // One that cannot be read is an input: its error is then reported.
+        Naming::Encrypt => match starts_with_magic(path) {
+            Ok(true) => Some("already a tpmcrypt file"),
+            _ => None,
+        },
+    }
+}
+
+/// Whether `path` begins with the tpmcrypt magic bytes.
+fn starts_with_magic(path: &Path) -> io::Result<bool> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let magic = tpmcrypt_cipher::format::MAGIC;
+    let mut head = [0u8; 8];
+    // Never blocks on a FIFO swapped in for the file, never follows a link.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    let n = file.take(magic.len() as u64).read(&mut head)?;
+    Ok(n == magic.len() && head == magic)
 }
 
 /// A transform from an input to an output (encrypt or decrypt one stream).
@@ -616,7 +694,7 @@ mod tests {
 
     #[test]
     fn stdin_to_stdout_or_file() {
-        let t = plan(&args(&[], None), Naming::Encrypt).unwrap();
+        let t = plan(&args(&[], None), Naming::Encrypt).unwrap().tasks;
         assert_eq!(
             t,
             vec![Task {
@@ -624,7 +702,9 @@ mod tests {
                 sink: Sink::Stdout
             }]
         );
-        let t = plan(&args(&["-"], Some("out")), Naming::Encrypt).unwrap();
+        let t = plan(&args(&["-"], Some("out")), Naming::Encrypt)
+            .unwrap()
+            .tasks;
         assert_eq!(t[0].sink, Sink::File("out".into()));
     }
 
@@ -658,23 +738,47 @@ mod tests {
         fs::create_dir(d.join("sub")).unwrap();
         fs::write(d.join("a"), b"a").unwrap();
         fs::write(d.join("sub/b"), b"b").unwrap();
-        fs::write(d.join("sub/b.tpmc"), b"x").unwrap();
+        fs::write(d.join("sub/b.tpmc"), tpmcrypt_cipher::format::MAGIC).unwrap();
+        fs::write(d.join("sub/plain.tpmc"), b"x").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", d.join("link")).unwrap();
         let mut a = args(&[d.to_str().unwrap()], None);
         assert!(plan(&a, Naming::Encrypt).is_err());
         a.recursive = true;
-        let enc: Vec<_> = plan(&a, Naming::Encrypt)
-            .unwrap()
-            .into_iter()
-            .map(|t| t.source)
-            .collect();
+        let enc = plan(&a, Naming::Encrypt).unwrap();
+        let sources: Vec<_> = enc.tasks.into_iter().map(|t| t.source).collect();
         assert_eq!(
-            enc,
-            vec![Source::File(d.join("a")), Source::File(d.join("sub/b"))]
+            sources,
+            vec![
+                Source::File(d.join("a")),
+                Source::File(d.join("sub/b")),
+                Source::File(d.join("sub/plain.tpmc"))
+            ]
+        );
+        let skipped = |p: &str, why| Skipped {
+            path: d.join(p),
+            why,
+        };
+        assert_eq!(
+            enc.skipped,
+            vec![
+                skipped("link", "a symbolic link (not followed)"),
+                skipped("sub/b.tpmc", "already a tpmcrypt file")
+            ]
         );
         let dec = plan(&a, Naming::Decrypt).unwrap();
-        assert_eq!(dec.len(), 1);
-        assert_eq!(dec[0].sink, Sink::File(d.join("sub/b")));
+        let sinks: Vec<_> = dec.tasks.into_iter().map(|t| t.sink).collect();
+        assert_eq!(
+            sinks,
+            vec![Sink::File(d.join("sub/b")), Sink::File(d.join("sub/plain"))]
+        );
+        assert_eq!(
+            dec.skipped,
+            vec![
+                skipped("a", "not a tpmcrypt file"),
+                skipped("link", "a symbolic link (not followed)"),
+                skipped("sub/b", "not a tpmcrypt file")
+            ]
+        );
     }
 
     #[test]
