@@ -223,3 +223,44 @@ fn recursion_decides_by_content_and_reports_what_it_skips() {
         "fake",
     );
 }
+
+// ---------------------------------------------------------- sizes that lie
+
+/// Decrypts `ct` in `d` to stdout.
+fn decrypted(d: &Path, ct: &str) -> Vec<u8> {
+    let res = run(d, &["decrypt", "-i", "id", "-o", "-", ct]);
+    assert_ok(&res, ct);
+    res.stdout
+}
+
+/// Files whose size is not their length (procfs says 0, sysfs 4096) are
+/// read to their end: the ciphertext decrypts to exactly their bytes.
+#[test]
+fn files_whose_size_lies_are_read_to_the_end() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    for (src, ct) in [
+        ("/proc/version", "version.tpmc"),
+        ("/sys/kernel/mm/transparent_hugepage/enabled", "thp.tpmc"),
+    ] {
+        let expect = fs::read(src).unwrap();
+        assert!(!expect.is_empty());
+        assert_ne!(fs::metadata(src).unwrap().len(), expect.len() as u64);
+        let res = run(d, &["encrypt", "-R", &r, "-o", ct, src]);
+        assert_ok(&res, src);
+        assert_eq!(decrypted(d, ct), expect, "{src}");
+    }
+    // /proc/cpuinfo is longer than a page; its MHz lines change.
+    let res = run(d, &["encrypt", "-R", &r, "-o", "cpu.tpmc", "/proc/cpuinfo"]);
+    assert_ok(&res, "cpuinfo");
+    let stable = |b: &[u8]| -> String {
+        String::from_utf8_lossy(b)
+            .lines()
+            .filter(|l| !l.contains("MHz"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let expect = stable(&fs::read("/proc/cpuinfo").unwrap());
+    assert!(expect.len() > 1000);
+    assert_eq!(stable(&decrypted(d, "cpu.tpmc")), expect);
+}
