@@ -264,3 +264,108 @@ fn files_whose_size_lies_are_read_to_the_end() {
     assert!(expect.len() > 1000);
     assert_eq!(stable(&decrypted(d, "cpu.tpmc")), expect);
 }
+
+// ---------------------------------------------- --in-place keeps the owner
+
+use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
+
+use common::{bytes, chmod, mode_of};
+
+const USAGE: i32 = 2;
+
+fn owner(path: &Path) -> (u32, u32) {
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.gid())
+}
+
+/// Run as root, `--in-place` of another user's file gives its output that
+/// user's owner, group and mode, both ways.
+#[test]
+fn in_place_keeps_owner_group_and_mode() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let f = d.join("theirs");
+    fs::write(&f, bytes(10_000, 3)).unwrap();
+    std::os::unix::fs::chown(&f, Some(65534), Some(65534)).expect("chown (tests run as root)");
+    chmod(&f, 0o640);
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "--in-place", "theirs"]),
+        "encrypt",
+    );
+    let ct = d.join("theirs.tpmc");
+    assert_eq!(owner(&ct), (65534, 65534));
+    assert_eq!(mode_of(&ct), 0o640);
+    assert_ok(
+        &run(d, &["decrypt", "-i", "id", "--in-place", "theirs.tpmc"]),
+        "decrypt",
+    );
+    assert_eq!(owner(&f), (65534, 65534));
+    assert_eq!(mode_of(&f), 0o640);
+    assert_eq!(fs::read(&f).unwrap(), bytes(10_000, 3));
+}
+
+/// A user who may not give a file to its owner (not root, another user's
+/// file in a directory it may write) is refused before anything is done.
+#[test]
+fn in_place_refuses_what_it_cannot_give_back_to_its_owner() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    chmod(d, 0o755);
+    let sub = d.join("sub");
+    fs::create_dir(&sub).unwrap();
+    std::os::unix::fs::chown(&sub, Some(65534), Some(65534)).unwrap();
+    fs::write(sub.join("roots"), b"root's file").unwrap();
+    chmod(&sub.join("roots"), 0o644);
+    let out = common::wrapper(&sub, "setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &r, "--in-place", "roots"])
+        .env("TPMCRYPT_HOME", sub.join(".home"))
+        .output()
+        .expect("setpriv (util-linux)");
+    let res: Run = out.into();
+    assert_error_line(&res, 1, Some("roots"), &["owner"], "other user's file");
+    assert_eq!(fs::read(sub.join("roots")).unwrap(), b"root's file");
+    assert_eq!(owner(&sub.join("roots")), (0, 0));
+    let names: Vec<_> = fs::read_dir(&sub)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![OsString::from("roots")], "nothing written");
+}
+
+/// `--in-place` on a symlink is refused up front, in one line that says
+/// symlinks are not followed (exit 2); the link and its target stay.
+#[test]
+fn in_place_on_a_symlink_says_symlinks_are_not_followed() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("target"), b"target").unwrap();
+    symlink("target", d.join("link")).unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "--in-place", "link"]);
+    assert_error_line(
+        &res,
+        USAGE,
+        Some("link"),
+        &["symbolic link", "not followed"],
+        "link",
+    );
+    assert!(fs::symlink_metadata(d.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::read(d.join("target")).unwrap(), b"target");
+    assert!(!d.join("link.tpmc").exists());
+    // Without --in-place a named symlink is read, as cat does; decrypt
+    // --in-place refuses one too.
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "link"]),
+        "without --in-place",
+    );
+    assert_eq!(decrypted(d, "link.tpmc"), b"target");
+    symlink("link.tpmc", d.join("l2.tpmc")).unwrap();
+    let res = run(d, &["decrypt", "-i", "id", "--in-place", "l2.tpmc"]);
+    assert_error_line(&res, USAGE, Some("l2.tpmc"), &["not followed"], "l2.tpmc");
+    assert!(d.join("link.tpmc").exists() && !d.join("l2").exists());
+}

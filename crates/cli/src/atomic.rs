@@ -147,6 +147,22 @@ impl AtomicFile {
         Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
     }
 
+    /// Gives the file, before anything is written to it, the owner and
+    /// group `uid`, `gid` (those of the original it replaces), then `mode`
+    /// again. Nothing is changed when it has them already; a user who may
+    /// not give a file away (not root) gets the error, and nothing is left.
+    pub fn set_owner(&mut self, uid: u32, gid: u32, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.file.metadata()?;
+        if (meta.uid(), meta.gid()) == (uid, gid) {
+            return Ok(());
+        }
+        std::os::unix::fs::fchown(&self.file, Some(uid), Some(gid))?;
+        // chown may clear bits of the mode; set it once more.
+        self.file
+            .set_permissions(fs::Permissions::from_mode(mode & 0o7777))
+    }
+
     /// The file to write to.
     pub fn file(&mut self) -> &mut File {
         &mut self.file

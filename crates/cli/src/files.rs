@@ -401,6 +401,22 @@ pub struct InputChanged {
 #[error("changed or replaced after it was read; kept it (its output is complete)")]
 pub struct OriginalChanged;
 
+/// `--in-place` on a symlink: the link would be replaced by its target's
+/// output, so it is refused before anything is read.
+#[derive(Debug, thiserror::Error)]
+#[error("is a symbolic link: symlinks are not followed with --in-place (give the file it points to)")]
+pub struct InPlaceSymlink;
+
+/// `--in-place` of a file whose owner or group this user may not give to
+/// its output (not root, another user's file): the output would change who
+/// owns the file, so nothing is done.
+#[derive(Debug, thiserror::Error)]
+#[error("--in-place would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
+pub struct OwnerNotKept {
+    uid: u32,
+    gid: u32,
+}
+
 /// `encrypt --in-place` of a file with other hard links: removing this name
 /// would leave the plaintext readable under the others, so nothing is done.
 #[derive(Debug, thiserror::Error)]
@@ -490,20 +506,24 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
 }
 
 fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow::Result<u64> {
-    let (mut input, size, mode, stamp) = match &task.source {
+    let (mut input, size, mode, stamp, owner) = match &task.source {
         Source::Stdin => (
             stdio_file(io::stdin().as_fd())?,
             None,
             0o666 & !current_umask(),
             None,
+            None,
         ),
         Source::File(path) => {
+            if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
+                return Err(usage(InPlaceSymlink.to_string()));
+            }
             if fs::metadata(path)?.is_dir() {
                 return Err(usage("is a directory (use -r to recurse)"));
             }
             // Regular files are read in parallel; pipes and devices (e.g.
             // `<(tar c dir)`) are streamed.
-            let file = File::open(path)?;
+            let file = open_input(path, opts.in_place)?;
             let meta = file.metadata()?;
             if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
                 // Removing one name would leave the plaintext under the others.
@@ -511,7 +531,9 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             }
             let size = meta.is_file().then_some(meta.len());
             let stamp = meta.is_file().then(|| Stamp::of(&meta));
-            (file, size, meta.permissions().mode() & 0o777, stamp)
+            // An output that replaces its original keeps who owns it.
+            let owner = opts.in_place.then(|| (meta.uid(), meta.gid()));
+            (file, size, meta.permissions().mode() & 0o777, stamp, owner)
         }
     };
     let workers = match size {
@@ -577,6 +599,11 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
                 .with_context(|| format!("creating {}", shown(dest)))?;
+            if let Some((uid, gid)) = owner {
+                // Before any byte is written: refused, nothing is left.
+                out.set_owner(uid, gid, mode)
+                    .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
+            }
             let durable = opts.in_place || !opts.no_sync;
             let n = if durable {
                 transform_into(
@@ -616,6 +643,24 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         bar.finish_and_clear();
     }
     Ok(n)
+}
+
+/// Opens an input; for `--in-place`, never through a symlink (one swapped in
+/// after the check is refused as well).
+fn open_input(path: &Path, in_place: bool) -> anyhow::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    if in_place {
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path).map_err(|e| {
+        if in_place && e.raw_os_error() == Some(libc::ELOOP) {
+            usage(InPlaceSymlink.to_string())
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// Removes an `--in-place` original once its output is durable, but only
