@@ -369,3 +369,104 @@ fn in_place_on_a_symlink_says_symlinks_are_not_followed() {
     assert_error_line(&res, USAGE, Some("l2.tpmc"), &["not followed"], "l2.tpmc");
     assert!(d.join("link.tpmc").exists() && !d.join("l2").exists());
 }
+
+// ------------------------------------------------------ standard output gone
+
+use std::io::Read as _;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+
+/// A pipe: (read end, write end).
+fn pipe() -> (fs::File, fs::File) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two new descriptors, each then owned by a File.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(rc, 0, "pipe2: {}", std::io::Error::last_os_error());
+    unsafe { (fs::File::from_raw_fd(fds[0]), fs::File::from_raw_fd(fds[1])) }
+}
+
+/// Starts the binary with stdout on a pipe whose reader reads `keep` bytes
+/// and then goes away (with 0, it is gone before the start); returns how
+/// the run ended and its stderr.
+fn with_reader_gone(d: &Path, args: &[&str], keep: usize) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = pipe();
+    let reader = (keep > 0).then_some(reader);
+    let mut child = tpmcrypt(d)
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(mut reader) = reader {
+        let mut buf = vec![0u8; keep];
+        reader.read_exact(&mut buf).unwrap();
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (child.wait().unwrap(), err)
+}
+
+/// `decrypt … | head -c 10`: when the reader goes away the run ends
+/// quietly by SIGPIPE, as cat does (a shell shows 141), with nothing on
+/// stderr; so does `encrypt -o -`, and `inspect` whose reader is gone.
+#[test]
+fn a_reader_that_goes_away_ends_the_run_quietly() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("big"), bytes(6 << 20, 9)).unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "big"]), "encrypt");
+    for args in [
+        vec!["decrypt", "-i", "id", "-o", "-", "big.tpmc"],
+        vec!["encrypt", "-R", &r, "-o", "-", "big"],
+        vec!["inspect", "--json", "big.tpmc"],
+    ] {
+        let keep = if args[0] == "inspect" { 0 } else { 10 };
+        let (status, err) = with_reader_gone(d, &args, keep);
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {status}: {err}"
+        );
+        assert_eq!(err, "", "{args:?}");
+    }
+}
+
+/// Runs `args` under sh with stdout closed (`>&-`).
+fn stdout_closed(d: &Path, args: &str) -> Run {
+    let out = common::wrapper(d, "sh")
+        .arg("-c")
+        .arg(format!("exec '{}' {args} >&-", common::bin().display()))
+        .output()
+        .unwrap();
+    out.into()
+}
+
+/// With stdout closed (`>&-`) a run that would write to it fails in one
+/// line (exit 1) instead of losing its output and exiting 0.
+#[test]
+fn a_closed_stdout_is_an_error() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"plain").unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "p"]), "encrypt");
+    for args in [
+        "decrypt -i id -o - p.tpmc".to_string(),
+        format!("encrypt -R {r} -o - p"),
+        "inspect p.tpmc".to_string(),
+        "recovery recipient id".to_string(),
+        "completions bash".to_string(),
+    ] {
+        let res = stdout_closed(d, &args);
+        assert_error_line(&res, 1, None, &["standard output"], &args);
+    }
+    // A file output is not concerned.
+    let res = stdout_closed(d, "decrypt -i id -o q p.tpmc");
+    assert_ok(&res, "-o q");
+    assert_eq!(fs::read(d.join("q")).unwrap(), b"plain");
+}

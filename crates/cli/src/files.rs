@@ -361,6 +361,8 @@ pub struct WriteError {
 struct Tap<'a> {
     inner: &'a mut (dyn Write + Send),
     failed: bool,
+    /// The failure was EPIPE: the reader went away.
+    reader_gone: bool,
 }
 
 impl Tap<'_> {
@@ -368,6 +370,7 @@ impl Tap<'_> {
         if let Err(e) = &r {
             if e.kind() != io::ErrorKind::Interrupted {
                 self.failed = true;
+                self.reader_gone |= e.kind() == io::ErrorKind::BrokenPipe;
             }
         }
         r
@@ -404,7 +407,9 @@ pub struct OriginalChanged;
 /// `--in-place` on a symlink: the link would be replaced by its target's
 /// output, so it is refused before anything is read.
 #[derive(Debug, thiserror::Error)]
-#[error("is a symbolic link: symlinks are not followed with --in-place (give the file it points to)")]
+#[error(
+    "is a symbolic link: symlinks are not followed with --in-place (give the file it points to)"
+)]
 pub struct InPlaceSymlink;
 
 /// `--in-place` of a file whose owner or group this user may not give to
@@ -448,6 +453,10 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
             Ok(n) => {
                 summary.ok += 1;
                 summary.bytes += n;
+            }
+            // Standard output is the only output of such a run.
+            Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
+                crate::stdout::end_by_sigpipe()
             }
             Err(err) => {
                 let code = exit::code_for(&err);
@@ -556,7 +565,8 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         kind: opts.output_kind,
     };
     // Runs the transform into `out`; a failure after a failed write is
-    // the output's. A regular input must be as it was before the read.
+    // the output's (and, on stdout, EPIPE is told apart). A regular input
+    // must be as it was before the read.
     let mut transform_into = |out: &mut (dyn Write + Send),
                               name: &dyn std::fmt::Display,
                               outcome: &'static str|
@@ -564,10 +574,20 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         let mut tap = Tap {
             inner: out,
             failed: false,
+            reader_gone: false,
         };
         let n = match transform(&mut input, &mut tap, &stream_opts) {
             Ok(n) => n,
-            Err(e) if tap.failed => return Err(anyhow::Error::new(e).context(write_error(name))),
+            Err(e) if tap.failed => {
+                let err = anyhow::Error::new(e);
+                let err = if tap.reader_gone {
+                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
+                    err.context(crate::stdout::WriteFailed(gone))
+                } else {
+                    err
+                };
+                return Err(err.context(write_error(name)));
+            }
             Err(e) => return Err(e.into()),
         };
         if let Some(st0) = stamp {
@@ -581,6 +601,11 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
     const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
         Sink::Stdout => {
+            if crate::stdout::closed_at_start() {
+                // Rather than write into the /dev/null put in its place.
+                let closed = anyhow::Error::new(crate::stdout::Closed);
+                return Err(closed.context(write_error(&crate::stdout::LABEL)));
+            }
             let stdout = io::stdout();
             if opts.refuse_tty_output && stdout.is_terminal() {
                 return Err(usage(
@@ -588,7 +613,7 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 ));
             }
             let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &"<stdout>", STREAMED)?
+            transform_into(&mut out, &crate::stdout::LABEL, STREAMED)?
         }
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.

@@ -87,30 +87,40 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
             .collect(),
         session_key,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
-    } else {
-        println!("file:            {}", info.file);
-        println!("format version:  {}", info.format_version);
-        println!("mode:            {}", info.mode);
-        println!("key bits:        {}", info.key_bits);
-        println!("segment size:    {} bytes (ciphertext)", info.segment_size);
-        println!(
-            "payload offset:  {} (the Tink-compatible stream starts here)",
-            info.payload_offset
-        );
-        println!(
-            "tink compatible: {}",
-            if info.tink_compatible { "yes" } else { "no" }
-        );
-        println!("session id:      {}", info.session_id);
-        println!("recipients:");
-        for r in &info.recipients {
-            println!("  {:<14} {}", r.kind, r.fingerprint);
-        }
-        if let Some(key) = &info.session_key {
-            println!("session key:     {key}");
-        }
-    }
+    crate::stdout::write_all(render(&info, args.json)?.as_bytes())?;
     Ok(crate::exit::OK)
+}
+
+/// The text `inspect` prints: JSON, or one field a line.
+fn render(info: &Inspect, json: bool) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    if json {
+        return Ok(serde_json::to_string_pretty(info)? + "\n");
+    }
+    let mut out = String::new();
+    let tink = if info.tink_compatible { "yes" } else { "no" };
+    writeln!(out, "file:            {}", info.file)?;
+    writeln!(out, "format version:  {}", info.format_version)?;
+    writeln!(out, "mode:            {}", info.mode)?;
+    writeln!(out, "key bits:        {}", info.key_bits)?;
+    writeln!(
+        out,
+        "segment size:    {} bytes (ciphertext)",
+        info.segment_size
+    )?;
+    writeln!(
+        out,
+        "payload offset:  {} (the Tink-compatible stream starts here)",
+        info.payload_offset
+    )?;
+    writeln!(out, "tink compatible: {tink}")?;
+    writeln!(out, "session id:      {}", info.session_id)?;
+    writeln!(out, "recipients:")?;
+    for r in &info.recipients {
+        writeln!(out, "  {:<14} {}", r.kind, r.fingerprint)?;
+    }
+    if let Some(key) = &info.session_key {
+        writeln!(out, "session key:     {key}")?;
+    }
+    Ok(out)
 }
