@@ -564,6 +564,12 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         input: task.label(),
         kind: opts.output_kind,
     };
+    // Whether a regular input is no longer as it was before the read.
+    let changed = |file: &File| match (&stamp, file.metadata()) {
+        (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
+        (Some(_), Err(_)) => true,
+        (None, _) => false,
+    };
     // Runs the transform into `out`; a failure after a failed write is
     // the output's (and, on stdout, EPIPE is told apart). A regular input
     // must be as it was before the read.
@@ -588,12 +594,15 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 };
                 return Err(err.context(write_error(name)));
             }
+            // An input that changed explains a failed read (it shrank, or
+            // holds more than its size said) better than the read does.
+            Err(e) if changed(&input) => {
+                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
+            }
             Err(e) => return Err(e.into()),
         };
-        if let Some(st0) = stamp {
-            if Stamp::of(&input.metadata()?) != st0 {
-                return Err(InputChanged { outcome }.into());
-            }
+        if changed(&input) {
+            return Err(InputChanged { outcome }.into());
         }
         Ok(n)
     };
