@@ -60,12 +60,13 @@ fn finish(
 ) -> i32 {
     if ui.verbose {
         let mut line = format!(
-            "tpmcrypt: {verb} {} file(s), {} bytes, {} failed, {} skipped",
-            summary.ok,
-            summary.bytes,
-            summary.failed,
-            plan.skipped.len()
+            "tpmcrypt: {verb} {} file(s), {} bytes",
+            summary.ok, summary.bytes
         );
+        if !plan.skipped.is_empty() {
+            line.push_str(&format!(", {} skipped", plan.skipped.len()));
+        }
+        line.push_str(&format!(", {} failed", summary.failed));
         if let Some((n, tpm)) = unwraps {
             line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
