@@ -474,3 +474,26 @@ fn a_closed_stdout_is_an_error() {
     assert_ok(&res, "-o q");
     assert_eq!(fs::read(d.join("q")).unwrap(), b"plain");
 }
+
+/// A FIFO given with `-o` whose reader goes away is an output that failed:
+/// one line naming it (exit 1), not the quiet end of a closed stdout.
+#[test]
+fn a_fifo_output_whose_reader_goes_away_is_an_error() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("big"), bytes(6 << 20, 9)).unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "big"]), "encrypt");
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = std::thread::spawn(move || {
+        let mut f = fs::File::open(&fifo).unwrap();
+        let mut buf = [0u8; 10];
+        f.read_exact(&mut buf).unwrap();
+    });
+    let res = run(d, &["decrypt", "-i", "id", "-o", "fifo", "big.tpmc"]);
+    reader.join().unwrap();
+    assert_error_line(&res, 1, Some("fifo"), &["broken pipe"], "fifo reader gone");
+    assert!(!res.stderr.contains("standard output"), "{}", res.stderr);
+}

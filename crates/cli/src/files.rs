@@ -586,7 +586,8 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             Ok(n) => n,
             Err(e) if tap.failed => {
                 let err = anyhow::Error::new(e);
-                let err = if tap.reader_gone {
+                // Only standard output's reader going away ends a run quietly.
+                let err = if tap.reader_gone && task.sink == Sink::Stdout {
                     let gone = io::Error::from(io::ErrorKind::BrokenPipe);
                     err.context(crate::stdout::WriteFailed(gone))
                 } else {
