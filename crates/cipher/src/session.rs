@@ -220,6 +220,7 @@ impl Encryptor {
             &mut output,
             opts,
         )?;
+        ends_at(file, end)?;
         output.flush()?;
         Ok(n)
     }
@@ -252,15 +253,72 @@ impl Encryptor {
     }
 }
 
-/// `(position, length)` of a regular file, or None for pipes and devices.
+/// `(position, end)` of a regular file whose size can be trusted, to be
+/// read with positional reads; None for what is to be read to its end
+/// instead: pipes and devices, and files whose size is not their length.
+/// A size is trusted when it is not 0 (procfs, and FUSE file systems
+/// such as lxcfs, show generated files as empty) and the file system is
+/// not one whose files are generated when read (procfs, sysfs, …, where
+/// sysfs shows 4096 for any file). What a trusted size missed is caught
+/// afterwards by [`ends_at`].
 fn regular_region(file: &File) -> Result<Option<(u64, u64)>> {
     let meta = file.metadata()?;
-    if !meta.is_file() {
+    if !meta.is_file() || meta.len() == 0 || generated_when_read(file) {
         return Ok(None);
     }
     let mut f = file;
     let pos = f.stream_position()?;
     Ok(Some((pos, meta.len().max(pos))))
+}
+
+/// Whether `file` lives on a file system whose files are made when read,
+/// with a size that says nothing of their length. Unknown: assumed not
+/// (the check after the read still holds).
+fn generated_when_read(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // statfs(2) f_type values (linux/magic.h).
+    const GENERATED: [u32; 11] = [
+        0x9fa0,      // proc
+        0x6265_6572, // sysfs
+        0x6462_6720, // debugfs
+        0x7472_6163, // tracefs
+        0x7363_6673, // securityfs
+        0x6265_6570, // configfs
+        0x0027_e0eb, // cgroup
+        0x6367_7270, // cgroup2
+        0xde5e_81e4, // efivarfs
+        0x6165_676c, // pstore
+        0xcafe_4a11, // bpf
+    ];
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid open fd and a buffer of the right type for fstatfs.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded, so it filled the buffer.
+    let f_type = unsafe { st.assume_init() }.f_type as u32;
+    GENERATED.contains(&f_type)
+}
+
+/// Checks that nothing follows `end` in `file`: a file read by its size
+/// that holds more (it grew, or its file system reports a size short of
+/// its length) would otherwise be taken for a shorter one.
+fn ends_at(file: &File, end: u64) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut probe = [0u8; 1];
+    loop {
+        match file.read_at(&mut probe, end) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {
+                return Err(Error::Io(std::io::Error::other(
+                    "the input is longer than its size said (it grew while it was read, or its file system reports a wrong size)",
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// A session-key cache that outlives one process (the agent): asked
@@ -437,6 +495,7 @@ impl Decryptor {
             &mut output,
             opts,
         )?;
+        ends_at(file, end)?;
         output.flush()?;
         Ok(n)
     }
@@ -536,5 +595,30 @@ mod tests {
             RecoveryKey::generate(&mut OsRng).recipient().unwrap(),
         )];
         assert!(Encryptor::resume(first.header(), same(), params, &another).is_err());
+    }
+
+    #[test]
+    fn a_file_longer_than_its_region_is_refused() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"0123456789").unwrap();
+        assert!(ends_at(&f, 10).is_ok());
+        let err = ends_at(&f, 5).unwrap_err();
+        assert!(err.to_string().contains("longer than its size"), "{err}");
+    }
+
+    #[test]
+    fn sizes_are_trusted_only_on_real_file_systems() {
+        let mut f = tempfile::tempfile().unwrap();
+        assert_eq!(regular_region(&f).unwrap(), None, "empty: read to the end");
+        f.write_all(b"data").unwrap();
+        f.rewind().unwrap();
+        assert_eq!(regular_region(&f).unwrap(), Some((0, 4)));
+        for path in [
+            "/proc/version",
+            "/sys/kernel/mm/transparent_hugepage/enabled",
+        ] {
+            let f = File::open(path).unwrap();
+            assert_eq!(regular_region(&f).unwrap(), None, "{path}");
+        }
     }
 }

@@ -253,3 +253,41 @@ fn verifier_opens_the_sessions_files_without_identities() {
         .decrypt(&foreign[..], Vec::new(), &StreamOptions::sequential())
         .is_err());
 }
+
+/// Files whose size is not their length (procfs shows 0, sysfs 4096) are
+/// read to their end, with one worker or several.
+#[test]
+fn files_whose_size_lies_are_read_to_their_end() {
+    use std::io::Read;
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let identity: Box<dyn Identity> = Box::new(key().into_identity().unwrap());
+    let decryptor = Decryptor::new(vec![identity]);
+    let params = Params::new(Mode::Gcm, 256)
+        .unwrap()
+        .with_segment_size(64)
+        .unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    for path in [
+        "/proc/version",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+    ] {
+        let mut expect = Vec::new();
+        File::open(path).unwrap().read_to_end(&mut expect).unwrap();
+        assert_ne!(fs::metadata(path).unwrap().len(), expect.len() as u64);
+        for workers in [1, 3] {
+            let opts = StreamOptions {
+                workers,
+                progress: None,
+            };
+            let mut ct = Vec::new();
+            encryptor
+                .encrypt_file(&File::open(path).unwrap(), &mut ct, &opts)
+                .unwrap();
+            let mut back = Vec::new();
+            decryptor
+                .decrypt(&ct[..], &mut back, &StreamOptions::sequential())
+                .unwrap();
+            assert_eq!(back, expect, "{path}, {workers} worker(s)");
+        }
+    }
+}

@@ -6,13 +6,15 @@
 //! An interrupt (Ctrl-C, SIGTERM, SIGHUP) removes the temporaries at once,
 //! once [`remove_temporaries_on_interrupt`] is in force.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+
+use crate::files::shown;
 
 /// Marker in temporary file names: `.NAME.tpmcrypt-partial.PID.RANDOM`.
 pub const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
@@ -52,19 +54,33 @@ pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
 const NAME_MAX: usize = 255;
 
 /// The start of a temporary's name, `.NAME.tpmcrypt-partial.`, before the
-/// PID and a random part. NAME is shortened (at a character boundary) so
-/// that the whole name stays within the 255 bytes a file name may have:
-/// an output whose own name is near that limit still gets a temporary.
-fn partial_prefix(name: &std::ffi::OsStr) -> String {
+/// PID and a random part. NAME keeps its bytes (it need not be UTF-8) but
+/// is shortened, at a character boundary when it is UTF-8, so that the
+/// whole name stays within the 255 bytes a file name may have: an output
+/// whose own name is near that limit still gets a temporary.
+fn partial_prefix(name: &OsStr) -> OsString {
     // The limit less the dot, the marker, a PID of up to 10 digits, a dot
     // and 16 hex digits.
     const NAME_ROOM: usize = NAME_MAX - 1 - PARTIAL_MARKER.len() - 10 - 1 - 16;
-    let name = name.to_string_lossy();
+    let name = name.as_bytes();
     let mut end = name.len().min(NAME_ROOM);
-    while !name.is_char_boundary(end) {
+    // Back over UTF-8 continuation bytes (at most three).
+    let is_continuation = |b: u8| b & 0xc0 == 0x80;
+    let mut back = 0;
+    while end < name.len() && back < 3 && end > 0 && is_continuation(name[end]) {
         end -= 1;
+        back += 1;
     }
-    format!(".{}{PARTIAL_MARKER}", &name[..end])
+    let mut prefix = b".".to_vec();
+    prefix.extend_from_slice(&name[..end]);
+    prefix.extend_from_slice(PARTIAL_MARKER.as_bytes());
+    OsString::from_vec(prefix)
+}
+
+/// Whether a file name is that of a temporary (`.NAME.tpmcrypt-partial.…`).
+pub fn is_partial_name(name: &[u8]) -> bool {
+    name.windows(PARTIAL_MARKER.len())
+        .any(|w| w == PARTIAL_MARKER.as_bytes())
 }
 
 /// An output file being written.
@@ -85,7 +101,7 @@ impl AtomicFile {
             Ok(m) if m.is_dir() => {
                 return Err(io::Error::other(format!(
                     "{} is a directory (an output is a file)",
-                    dest.display()
+                    shown(dest)
                 )))
             }
             Ok(_) if !replace => return Err(exists(dest)),
@@ -102,11 +118,9 @@ impl AtomicFile {
         let prefix = partial_prefix(name);
         let mut last_err = None;
         for _ in 0..16 {
-            let tmp = dir.join(format!(
-                "{prefix}{}.{:016x}",
-                std::process::id(),
-                random_u64()
-            ));
+            let mut tmp_name = prefix.clone();
+            tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
+            let tmp = dir.join(tmp_name);
             let mut list = pending();
             match OpenOptions::new()
                 .write(true)
@@ -131,6 +145,22 @@ impl AtomicFile {
             }
         }
         Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
+    }
+
+    /// Gives the file, before anything is written to it, the owner and
+    /// group `uid`, `gid` (those of the original it replaces), then `mode`
+    /// again. Nothing is changed when it has them already; a user who may
+    /// not give a file away (not root) gets the error, and nothing is left.
+    pub fn set_owner(&mut self, uid: u32, gid: u32, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.file.metadata()?;
+        if (meta.uid(), meta.gid()) == (uid, gid) {
+            return Ok(());
+        }
+        std::os::unix::fs::fchown(&self.file, Some(uid), Some(gid))?;
+        // chown may clear bits of the mode; set it once more.
+        self.file
+            .set_permissions(fs::Permissions::from_mode(mode & 0o7777))
     }
 
     /// The file to write to.
@@ -242,10 +272,7 @@ impl io::Write for Writeback<'_> {
 fn exists(dest: &Path) -> io::Error {
     io::Error::new(
         io::ErrorKind::AlreadyExists,
-        format!(
-            "{} already exists (use --force to overwrite)",
-            dest.display()
-        ),
+        format!("{} already exists (use --force to overwrite)", shown(dest)),
     )
 }
 
@@ -342,11 +369,14 @@ pub fn clean_stale_partials(dest: &Path) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let fname = entry.file_name();
-        let fname = fname.to_string_lossy();
-        let Some(rest) = fname.strip_prefix(&prefix) else {
+        let Some(rest) = fname.as_bytes().strip_prefix(prefix.as_bytes()) else {
             continue;
         };
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
+        let pid = rest.split(|&b| b == b'.').next().unwrap_or_default();
+        let Some(pid) = std::str::from_utf8(pid)
+            .ok()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
             continue;
         };
         if pid_alive(pid) {
@@ -380,21 +410,49 @@ mod tests {
         ] {
             let dest = dir.path().join(&name);
             let mut f = AtomicFile::create(&dest, 0o600, false).unwrap();
-            let tmp_name = f.tmp.file_name().unwrap().to_string_lossy().into_owned();
+            let tmp_name = f.tmp.file_name().unwrap().as_bytes().to_vec();
             assert!(tmp_name.len() <= 255, "{}", tmp_name.len());
-            assert!(tmp_name.starts_with(&partial_prefix(dest.file_name().unwrap())));
+            assert!(tmp_name.starts_with(partial_prefix(dest.file_name().unwrap()).as_bytes()));
             f.file().write_all(b"long").unwrap();
             f.commit().unwrap();
             assert_eq!(fs::read(&dest).unwrap(), b"long");
             // A stale temporary of that output (a dead PID) is recognised.
-            let stale = dir.path().join(format!(
-                "{}2147483646.0000000000000000",
-                partial_prefix(dest.file_name().unwrap())
-            ));
+            let mut stale = partial_prefix(dest.file_name().unwrap());
+            stale.push("2147483646.0000000000000000");
+            let stale = dir.path().join(stale);
             fs::write(&stale, b"x").unwrap();
             assert_eq!(clean_stale_partials(&dest), 1);
             assert!(!stale.exists());
         }
+    }
+
+    /// A name that is not UTF-8 gets a temporary with its exact bytes, and
+    /// the stale temporaries of one such name are not taken for those of
+    /// another that a lossy conversion would confuse it with.
+    #[test]
+    fn temporaries_of_names_that_are_not_utf8_keep_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let e9 = dir.path().join(OsStr::from_bytes(b"caf\xe9"));
+        let e8 = dir.path().join(OsStr::from_bytes(b"caf\xe8"));
+        let f = AtomicFile::create(&e9, 0o600, false).unwrap();
+        assert!(f
+            .tmp
+            .file_name()
+            .unwrap()
+            .as_bytes()
+            .starts_with(b".caf\xe9.tpmcrypt-partial."));
+        drop(f);
+        let mut stale = partial_prefix(e9.file_name().unwrap());
+        stale.push("2147483646.00");
+        fs::write(dir.path().join(&stale), b"x").unwrap();
+        assert_eq!(clean_stale_partials(&e8), 0);
+        assert_eq!(clean_stale_partials(&e9), 1);
+        // Shortened names stay within the limit and keep whole characters.
+        let long = OsString::from("é".repeat(127));
+        let p = partial_prefix(&long);
+        assert!(std::str::from_utf8(p.as_bytes()).is_ok());
+        let raw = OsString::from_vec(vec![0xe9; 255]);
+        assert!(partial_prefix(&raw).len() <= 255 - 27);
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! transform over each task with crash-safe outputs. Shared by `encrypt` and
 //! `decrypt`, which differ only in the transform and the naming rule.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, IsTerminal, Write};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,7 @@ use anyhow::Context as _;
 use tpmcrypt_cipher::StreamOptions;
 
 use crate::args::FileArgs;
-use crate::atomic::{self, AtomicFile, PARTIAL_MARKER};
+use crate::atomic::{self, AtomicFile};
 use crate::exit::{self, usage};
 use crate::stamp::Stamp;
 
@@ -60,7 +62,7 @@ impl Task {
     pub fn label(&self) -> String {
         match &self.source {
             Source::Stdin => "<stdin>".into(),
-            Source::File(p) => p.display().to_string(),
+            Source::File(p) => shown(p),
         }
     }
 }
@@ -79,20 +81,41 @@ pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
             Ok(PathBuf::from(name))
         }
         Naming::Decrypt => {
-            let s = input.to_string_lossy();
-            match s.strip_suffix(&format!(".{SUFFIX}")) {
-                Some(stem) if !stem.is_empty() && !stem.ends_with('/') => Ok(PathBuf::from(stem)),
+            // Bytes, not text: a name that is not UTF-8 keeps every byte.
+            let s = input.as_os_str().as_bytes();
+            match s.strip_suffix(format!(".{SUFFIX}").as_bytes()) {
+                Some(stem) if !stem.is_empty() && !stem.ends_with(b"/") => {
+                    Ok(PathBuf::from(OsStr::from_bytes(stem)))
+                }
                 _ => Err(usage(format!(
                     "{}: cannot derive an output name (no .{SUFFIX} suffix); use -o",
-                    input.display()
+                    shown(input)
                 ))),
             }
         }
     }
 }
 
+/// A file a recursive run leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The file.
+    pub path: PathBuf,
+    /// Why, as shown after its name.
+    pub why: &'static str,
+}
+
+/// What a run will do: its tasks, and the files it leaves out.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// One per input.
+    pub tasks: Vec<Task>,
+    /// Files met while recursing that are not inputs.
+    pub skipped: Vec<Skipped>,
+}
+
 /// Plans the tasks for the given inputs and flags.
-pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
+pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
     if stdin_only {
         if args.in_place {
@@ -102,25 +125,29 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
             Some(p) if !is_dash(p) => Sink::File(p.clone()),
             _ => Sink::Stdout,
         };
-        return Ok(vec![Task {
-            source: Source::Stdin,
-            sink,
-        }]);
+        return Ok(Plan {
+            tasks: vec![Task {
+                source: Source::Stdin,
+                sink,
+            }],
+            skipped: Vec::new(),
+        });
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
     }
     let mut sources = Vec::new();
+    let mut skipped = Vec::new();
     for input in &args.inputs {
-        let meta = fs::symlink_metadata(input).with_context(|| input.display().to_string())?;
+        let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
         if meta.is_dir() {
             if !args.recursive {
                 return Err(usage(format!(
                     "{}: is a directory (use -r to recurse)",
-                    input.display()
+                    shown(input)
                 )));
             }
-            walk(input, naming, &mut sources).with_context(|| input.display().to_string())?;
+            walk(input, naming, &mut sources, &mut skipped).with_context(|| shown(input))?;
         } else {
             sources.push(input.clone());
         }
@@ -134,10 +161,13 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
         } else {
             Sink::File(out.clone())
         };
-        return Ok(vec![Task {
-            source: Source::File(sources.remove(0)),
-            sink,
-        }]);
+        return Ok(Plan {
+            tasks: vec![Task {
+                source: Source::File(sources.remove(0)),
+                sink,
+            }],
+            skipped,
+        });
     }
     let tasks = sources
         .into_iter()
@@ -149,7 +179,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Vec<Task>> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     refuse_outputs_that_are_inputs(&tasks)?;
-    Ok(tasks)
+    Ok(Plan { tasks, skipped })
 }
 
 /// Refuses a run in which one input's output is another of its inputs
@@ -180,35 +210,88 @@ fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
         if let Some(other) = inputs.get(&id(&m)).filter(|p| **p != src.as_path()) {
             return Err(usage(format!(
                 "{} is an input and also the output of {}",
-                other.display(),
-                src.display()
+                shown(other),
+                shown(src)
             )));
         }
     }
     Ok(())
 }
 
-/// Collects regular files under `dir`, never following symlinks. When
-/// encrypting, files that are already ciphertext are left out; when
-/// decrypting, only ciphertext is taken. Crash leftovers are never inputs.
-fn walk(dir: &Path, naming: Naming, out: &mut Vec<PathBuf>) -> io::Result<()> {
+/// Collects the inputs under `dir`, never following symlinks, deciding by
+/// content, not by name: when encrypting, every regular file that is not
+/// already a tpmcrypt file (by its magic bytes), whatever its name; when
+/// decrypting, every `*.tpmc` file (one that is not ciphertext then fails,
+/// as a damaged one would) and no other. Everything else met is recorded
+/// in `skipped` with the reason. Crash leftovers are never inputs.
+fn walk(
+    dir: &Path,
+    naming: Naming,
+    out: &mut Vec<PathBuf>,
+    skipped: &mut Vec<Skipped>,
+) -> io::Result<()> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         let path = entry.path();
         let ft = entry.file_type()?;
         let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if ft.is_dir() {
-            walk(&path, naming, out)?;
-        } else if ft.is_file() && !name.contains(PARTIAL_MARKER) {
-            let is_ct = name.ends_with(&format!(".{SUFFIX}"));
-            if is_ct == (naming == Naming::Decrypt) {
-                out.push(path);
+        let name = name.as_bytes();
+        let why = if ft.is_dir() {
+            walk(&path, naming, out, skipped)?;
+            continue;
+        } else if ft.is_symlink() {
+            "a symbolic link (not followed)"
+        } else if !ft.is_file() {
+            "not a regular file"
+        } else if atomic::is_partial_name(name) {
+            "a temporary of an interrupted run"
+        } else {
+            match pick(&path, name, naming) {
+                None => {
+                    out.push(path);
+                    continue;
+                }
+                Some(why) => why,
             }
-        }
+        };
+        skipped.push(Skipped { path, why });
     }
     Ok(())
+}
+
+/// Whether a regular file met by [`walk`] is an input (None) or why not.
+fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
+    let named_ct = name.ends_with(format!(".{SUFFIX}").as_bytes());
+    match naming {
+        // The name promises ciphertext: a file that is not fails loudly.
+        Naming::Decrypt if named_ct => None,
+        Naming::Decrypt => match starts_with_magic(path) {
+            Ok(true) => Some("a tpmcrypt file without the .tpmc suffix (decrypt it with -o)"),
+            Ok(false) => Some("not a tpmcrypt file"),
+            Err(_) => Some("cannot be read"),
+        },
+        // One that cannot be read is an input: its error is then reported.
+        Naming::Encrypt => match starts_with_magic(path) {
+            Ok(true) => Some("already a tpmcrypt file"),
+            _ => None,
+        },
+    }
+}
+
+/// Whether `path` begins with the tpmcrypt magic bytes.
+fn starts_with_magic(path: &Path) -> io::Result<bool> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let magic = tpmcrypt_cipher::format::MAGIC;
+    let mut head = [0u8; 8];
+    // Never blocks on a FIFO swapped in for the file, never follows a link.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    let n = file.take(magic.len() as u64).read(&mut head)?;
+    Ok(n == magic.len() && head == magic)
 }
 
 /// A transform from an input to an output (encrypt or decrypt one stream).
@@ -278,6 +361,8 @@ pub struct WriteError {
 struct Tap<'a> {
     inner: &'a mut (dyn Write + Send),
     failed: bool,
+    /// The failure was EPIPE: the reader went away.
+    reader_gone: bool,
 }
 
 impl Tap<'_> {
@@ -285,6 +370,7 @@ impl Tap<'_> {
         if let Err(e) = &r {
             if e.kind() != io::ErrorKind::Interrupted {
                 self.failed = true;
+                self.reader_gone |= e.kind() == io::ErrorKind::BrokenPipe;
             }
         }
         r
@@ -318,6 +404,24 @@ pub struct InputChanged {
 #[error("changed or replaced after it was read; kept it (its output is complete)")]
 pub struct OriginalChanged;
 
+/// `--in-place` on a symlink: the link would be replaced by its target's
+/// output, so it is refused before anything is read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "is a symbolic link: symlinks are not followed with --in-place (give the file it points to)"
+)]
+pub struct InPlaceSymlink;
+
+/// `--in-place` of a file whose owner or group this user may not give to
+/// its output (not root, another user's file): the output would change who
+/// owns the file, so nothing is done.
+#[derive(Debug, thiserror::Error)]
+#[error("--in-place would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
+pub struct OwnerNotKept {
+    uid: u32,
+    gid: u32,
+}
+
 /// `encrypt --in-place` of a file with other hard links: removing this name
 /// would leave the plaintext readable under the others, so nothing is done.
 #[derive(Debug, thiserror::Error)]
@@ -350,6 +454,10 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
                 summary.ok += 1;
                 summary.bytes += n;
             }
+            // Standard output is the only output of such a run.
+            Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
+                crate::stdout::end_by_sigpipe()
+            }
             Err(err) => {
                 let code = exit::code_for(&err);
                 let label = match err.downcast_ref::<WriteError>() {
@@ -363,6 +471,21 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
         }
     }
     summary
+}
+
+/// A path as it may stand in one line on a terminal: as [`printable`], and
+/// each byte that is not UTF-8 shown as `\xNN` (two names that differ
+/// only there stay two names, where a lossy conversion would show both
+/// with U+FFFD). For display only: the path itself is used as bytes.
+pub fn shown(path: &Path) -> String {
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(&printable(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// The cause chain on one line, as [`printable`].
@@ -392,20 +515,24 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
 }
 
 fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow::Result<u64> {
-    let (mut input, size, mode, stamp) = match &task.source {
+    let (mut input, size, mode, stamp, owner) = match &task.source {
         Source::Stdin => (
             stdio_file(io::stdin().as_fd())?,
             None,
             0o666 & !current_umask(),
             None,
+            None,
         ),
         Source::File(path) => {
+            if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
+                return Err(usage(InPlaceSymlink.to_string()));
+            }
             if fs::metadata(path)?.is_dir() {
                 return Err(usage("is a directory (use -r to recurse)"));
             }
             // Regular files are read in parallel; pipes and devices (e.g.
             // `<(tar c dir)`) are streamed.
-            let file = File::open(path)?;
+            let file = open_input(path, opts.in_place)?;
             let meta = file.metadata()?;
             if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
                 // Removing one name would leave the plaintext under the others.
@@ -413,7 +540,9 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             }
             let size = meta.is_file().then_some(meta.len());
             let stamp = meta.is_file().then(|| Stamp::of(&meta));
-            (file, size, meta.permissions().mode() & 0o777, stamp)
+            // An output that replaces its original keeps who owns it.
+            let owner = opts.in_place.then(|| (meta.uid(), meta.gid()));
+            (file, size, meta.permissions().mode() & 0o777, stamp, owner)
         }
     };
     let workers = match size {
@@ -435,8 +564,15 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         input: task.label(),
         kind: opts.output_kind,
     };
+    // Whether a regular input is no longer as it was before the read.
+    let changed = |file: &File| match (&stamp, file.metadata()) {
+        (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
+        (Some(_), Err(_)) => true,
+        (None, _) => false,
+    };
     // Runs the transform into `out`; a failure after a failed write is
-    // the output's. A regular input must be as it was before the read.
+    // the output's (and, on stdout, EPIPE is told apart). A regular input
+    // must be as it was before the read.
     let mut transform_into = |out: &mut (dyn Write + Send),
                               name: &dyn std::fmt::Display,
                               outcome: &'static str|
@@ -444,16 +580,30 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         let mut tap = Tap {
             inner: out,
             failed: false,
+            reader_gone: false,
         };
         let n = match transform(&mut input, &mut tap, &stream_opts) {
             Ok(n) => n,
-            Err(e) if tap.failed => return Err(anyhow::Error::new(e).context(write_error(name))),
+            Err(e) if tap.failed => {
+                let err = anyhow::Error::new(e);
+                // Only standard output's reader going away ends a run quietly.
+                let err = if tap.reader_gone && task.sink == Sink::Stdout {
+                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
+                    err.context(crate::stdout::WriteFailed(gone))
+                } else {
+                    err
+                };
+                return Err(err.context(write_error(name)));
+            }
+            // An input that changed explains a failed read (it shrank, or
+            // holds more than its size said) better than the read does.
+            Err(e) if changed(&input) => {
+                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
+            }
             Err(e) => return Err(e.into()),
         };
-        if let Some(st0) = stamp {
-            if Stamp::of(&input.metadata()?) != st0 {
-                return Err(InputChanged { outcome }.into());
-            }
+        if changed(&input) {
+            return Err(InputChanged { outcome }.into());
         }
         Ok(n)
     };
@@ -461,6 +611,11 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
     const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
         Sink::Stdout => {
+            if crate::stdout::closed_at_start() {
+                // Rather than write into the /dev/null put in its place.
+                let closed = anyhow::Error::new(crate::stdout::Closed);
+                return Err(closed.context(write_error(&crate::stdout::LABEL)));
+            }
             let stdout = io::stdout();
             if opts.refuse_tty_output && stdout.is_terminal() {
                 return Err(usage(
@@ -468,31 +623,36 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                 ));
             }
             let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &"<stdout>", STREAMED)?
+            transform_into(&mut out, &crate::stdout::LABEL, STREAMED)?
         }
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform_into(&mut out, &dest.display(), STREAMED)?
+            transform_into(&mut out, &shown(dest), STREAMED)?
         }
         Sink::File(dest) => {
             atomic::clean_stale_partials(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
-                .with_context(|| format!("creating {}", dest.display()))?;
+                .with_context(|| format!("creating {}", shown(dest)))?;
+            if let Some((uid, gid)) = owner {
+                // Before any byte is written: refused, nothing is left.
+                out.set_owner(uid, gid, mode)
+                    .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
+            }
             let durable = opts.in_place || !opts.no_sync;
             let n = if durable {
                 transform_into(
                     &mut atomic::Writeback::new(out.file()),
-                    &dest.display(),
+                    &shown(dest),
                     DISCARDED,
                 )?
             } else {
-                transform_into(out.file(), &dest.display(), DISCARDED)?
+                transform_into(out.file(), &shown(dest), DISCARDED)?
             };
             if durable {
                 // Delayed allocation can report a full disk only here.
                 out.sync()
-                    .map_err(|e| anyhow::Error::new(e).context(write_error(&dest.display())))?;
+                    .map_err(|e| anyhow::Error::new(e).context(write_error(&shown(dest))))?;
                 out.commit()
             } else {
                 out.commit_unsynced()
@@ -503,7 +663,7 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                     anyhow::Error::new(e)
                 } else {
                     // A failed rename or directory fsync is the output's.
-                    anyhow::Error::new(e).context(write_error(&dest.display()))
+                    anyhow::Error::new(e).context(write_error(&shown(dest)))
                 }
             })?;
             if opts.in_place {
@@ -518,6 +678,24 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
         bar.finish_and_clear();
     }
     Ok(n)
+}
+
+/// Opens an input; for `--in-place`, never through a symlink (one swapped in
+/// after the check is refused as well).
+fn open_input(path: &Path, in_place: bool) -> anyhow::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    if in_place {
+        options.custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path).map_err(|e| {
+        if in_place && e.raw_os_error() == Some(libc::ELOOP) {
+            usage(InPlaceSymlink.to_string())
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// Removes an `--in-place` original once its output is durable, but only
@@ -589,8 +767,14 @@ mod tests {
     }
 
     #[test]
+    fn shown_escapes_bytes_that_are_not_utf8() {
+        let p = Path::new(OsStr::from_bytes(b"d\n/caf\xe9\xe8 \xc3\xa9"));
+        assert_eq!(shown(p), "d\\n/caf\\xe9\\xe8 é");
+    }
+
+    #[test]
     fn stdin_to_stdout_or_file() {
-        let t = plan(&args(&[], None), Naming::Encrypt).unwrap();
+        let t = plan(&args(&[], None), Naming::Encrypt).unwrap().tasks;
         assert_eq!(
             t,
             vec![Task {
@@ -598,7 +782,9 @@ mod tests {
                 sink: Sink::Stdout
             }]
         );
-        let t = plan(&args(&["-"], Some("out")), Naming::Encrypt).unwrap();
+        let t = plan(&args(&["-"], Some("out")), Naming::Encrypt)
+            .unwrap()
+            .tasks;
         assert_eq!(t[0].sink, Sink::File("out".into()));
     }
 
@@ -614,6 +800,15 @@ mod tests {
         );
         assert!(output_name(Path::new("a/b.txt"), Naming::Decrypt).is_err());
         assert!(output_name(Path::new(".tpmc"), Naming::Decrypt).is_err());
+        assert!(output_name(Path::new("a/.tpmc"), Naming::Decrypt).is_err());
+        assert_eq!(
+            output_name(
+                Path::new(OsStr::from_bytes(b"caf\xe9.tpmc")),
+                Naming::Decrypt
+            )
+            .unwrap(),
+            PathBuf::from(OsStr::from_bytes(b"caf\xe9"))
+        );
     }
 
     #[test]
@@ -623,23 +818,47 @@ mod tests {
         fs::create_dir(d.join("sub")).unwrap();
         fs::write(d.join("a"), b"a").unwrap();
         fs::write(d.join("sub/b"), b"b").unwrap();
-        fs::write(d.join("sub/b.tpmc"), b"x").unwrap();
+        fs::write(d.join("sub/b.tpmc"), tpmcrypt_cipher::format::MAGIC).unwrap();
+        fs::write(d.join("sub/plain.tpmc"), b"x").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", d.join("link")).unwrap();
         let mut a = args(&[d.to_str().unwrap()], None);
         assert!(plan(&a, Naming::Encrypt).is_err());
         a.recursive = true;
-        let enc: Vec<_> = plan(&a, Naming::Encrypt)
-            .unwrap()
-            .into_iter()
-            .map(|t| t.source)
-            .collect();
+        let enc = plan(&a, Naming::Encrypt).unwrap();
+        let sources: Vec<_> = enc.tasks.into_iter().map(|t| t.source).collect();
         assert_eq!(
-            enc,
-            vec![Source::File(d.join("a")), Source::File(d.join("sub/b"))]
+            sources,
+            vec![
+                Source::File(d.join("a")),
+                Source::File(d.join("sub/b")),
+                Source::File(d.join("sub/plain.tpmc"))
+            ]
+        );
+        let skipped = |p: &str, why| Skipped {
+            path: d.join(p),
+            why,
+        };
+        assert_eq!(
+            enc.skipped,
+            vec![
+                skipped("link", "a symbolic link (not followed)"),
+                skipped("sub/b.tpmc", "already a tpmcrypt file")
+            ]
         );
         let dec = plan(&a, Naming::Decrypt).unwrap();
-        assert_eq!(dec.len(), 1);
-        assert_eq!(dec[0].sink, Sink::File(d.join("sub/b")));
+        let sinks: Vec<_> = dec.tasks.into_iter().map(|t| t.sink).collect();
+        assert_eq!(
+            sinks,
+            vec![Sink::File(d.join("sub/b")), Sink::File(d.join("sub/plain"))]
+        );
+        assert_eq!(
+            dec.skipped,
+            vec![
+                skipped("a", "not a tpmcrypt file"),
+                skipped("link", "a symbolic link (not followed)"),
+                skipped("sub/b", "not a tpmcrypt file")
+            ]
+        );
     }
 
     #[test]

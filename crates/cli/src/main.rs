@@ -9,6 +9,7 @@ mod files;
 mod harden;
 mod keys;
 mod stamp;
+mod stdout;
 mod tpm;
 
 use clap::{CommandFactory, Parser};
@@ -43,6 +44,10 @@ fn main() {
             // so does the help shown for a bare `tpmcrypt` or `tpmcrypt key`
             // (exit 2): those are printed whole.
             if !e.use_stderr() {
+                if let Err(err) = stdout::ensure_open() {
+                    eprintln!("error: {}", files::one_line(&err));
+                    std::process::exit(exit::OTHER);
+                }
                 let _ = e.print();
                 std::process::exit(exit::OK);
             }
@@ -71,17 +76,14 @@ fn main() {
         Command::Key(c) => commands::key::run(c, &ui),
         Command::Agent(a) => commands::agent::run(a),
         Command::Completions { shell } => {
-            clap_complete::generate(
-                *shell,
-                &mut Cli::command(),
-                "tpmcrypt",
-                &mut std::io::stdout(),
-            );
-            Ok(exit::OK)
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "tpmcrypt", &mut script);
+            stdout::write_all(&script).map(|()| exit::OK)
         }
     };
     let code = match result {
         Ok(code) => code,
+        Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
         Err(err) => {
             eprintln!("error: {}", files::one_line(&err));
             exit::code_for(&err)

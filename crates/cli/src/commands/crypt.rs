@@ -42,12 +42,31 @@ fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn back
     })
 }
 
-fn finish(summary: Summary, ui: &Ui, verb: &str, unwraps: Option<(u64, u64)>) -> i32 {
+/// With `-v`, names every file a recursive run leaves out, and why.
+fn report_skipped(plan: &files::Plan, ui: &Ui) {
+    if ui.verbose {
+        for s in &plan.skipped {
+            eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
+        }
+    }
+}
+
+fn finish(
+    summary: Summary,
+    plan: &files::Plan,
+    ui: &Ui,
+    verb: &str,
+    unwraps: Option<(u64, u64)>,
+) -> i32 {
     if ui.verbose {
         let mut line = format!(
-            "tpmcrypt: {verb} {} file(s), {} bytes, {} failed",
-            summary.ok, summary.bytes, summary.failed
+            "tpmcrypt: {verb} {} file(s), {} bytes",
+            summary.ok, summary.bytes
         );
+        if !plan.skipped.is_empty() {
+            line.push_str(&format!(", {} skipped", plan.skipped.len()));
+        }
+        line.push_str(&format!(", {} failed", summary.failed));
         if let Some((n, tpm)) = unwraps {
             line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
@@ -82,7 +101,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     for name in &args.keys {
         recipients.extend(keys::key_recipients(ui, name)?);
     }
-    let tasks = files::plan(&args.files, Naming::Encrypt)?;
+    let plan = files::plan(&args.files, Naming::Encrypt)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
     if let Some(b) = chosen_backend(args.files.backend)? {
@@ -99,13 +118,14 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         encryptor = encryptor.with_backend(b);
     }
     let opts = run_options(&args.files, ui, !args.allow_tty, Holds::Ciphertext);
-    let summary = files::run(&tasks, &opts, &|input, output, stream| {
+    report_skipped(&plan, ui);
+    let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
     if ui.verbose {
         eprintln!("tpmcrypt: encrypted in {}", source.describe());
     }
-    Ok(finish(summary, ui, "encrypted", None))
+    Ok(finish(summary, &plan, ui, "encrypted", None))
 }
 
 /// Runs `decrypt`.
@@ -122,7 +142,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             "no identity: give -i IDENTITY, or create a TPM key with `tpmcrypt key create`",
         ));
     }
-    let tasks = files::plan(&args.files, Naming::Decrypt)?;
+    let plan = files::plan(&args.files, Naming::Decrypt)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(agent) = crate::commands::agent::AgentCache::connect() {
         decryptor = decryptor.with_session_cache(Box::new(agent));
@@ -131,11 +151,13 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         decryptor = decryptor.with_backend(b);
     }
     let opts = run_options(&args.files, ui, false, Holds::Plaintext);
-    let summary = files::run(&tasks, &opts, &|input, output, stream| {
+    report_skipped(&plan, ui);
+    let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_file(input, output, stream)
     });
     Ok(finish(
         summary,
+        &plan,
         ui,
         "decrypted",
         Some((decryptor.unwrap_count(), access.unbind_count())),

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io::BufReader;
+use std::os::unix::ffi::OsStrExt;
 
 use anyhow::Context as _;
 use serde::Serialize;
@@ -22,6 +23,10 @@ struct RecipientInfo {
 #[derive(Serialize)]
 struct Inspect {
     file: String,
+    /// The path's exact bytes, when it is not UTF-8 (`file` then shows
+    /// those bytes escaped, `\xNN`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file_hex: Option<String>,
     format_version: u8,
     mode: &'static str,
     key_bits: u32,
@@ -38,7 +43,7 @@ struct Inspect {
 
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
-    let label = || args.file.display().to_string();
+    let label = || crate::files::shown(&args.file);
     let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
     let header = Header::read_from(&mut input).with_context(label)?;
     let session_key = if args.reveal_session_key {
@@ -57,6 +62,11 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
     let params = header.params;
     let info = Inspect {
         file: label(),
+        file_hex: args
+            .file
+            .to_str()
+            .is_none()
+            .then(|| hex::encode(args.file.as_os_str().as_bytes())),
         format_version: tpmcrypt_cipher::format::VERSION,
         mode: params.mode.name(),
         key_bits: params.key_bits(),
@@ -77,30 +87,40 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
             .collect(),
         session_key,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
-    } else {
-        println!("file:            {}", info.file);
-        println!("format version:  {}", info.format_version);
-        println!("mode:            {}", info.mode);
-        println!("key bits:        {}", info.key_bits);
-        println!("segment size:    {} bytes (ciphertext)", info.segment_size);
-        println!(
-            "payload offset:  {} (the Tink-compatible stream starts here)",
-            info.payload_offset
-        );
-        println!(
-            "tink compatible: {}",
-            if info.tink_compatible { "yes" } else { "no" }
-        );
-        println!("session id:      {}", info.session_id);
-        println!("recipients:");
-        for r in &info.recipients {
-            println!("  {:<14} {}", r.kind, r.fingerprint);
-        }
-        if let Some(key) = &info.session_key {
-            println!("session key:     {key}");
-        }
-    }
+    crate::stdout::write_all(render(&info, args.json)?.as_bytes())?;
     Ok(crate::exit::OK)
+}
+
+/// The text `inspect` prints: JSON, or one field a line.
+fn render(info: &Inspect, json: bool) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    if json {
+        return Ok(serde_json::to_string_pretty(info)? + "\n");
+    }
+    let mut out = String::new();
+    let tink = if info.tink_compatible { "yes" } else { "no" };
+    writeln!(out, "file:            {}", info.file)?;
+    writeln!(out, "format version:  {}", info.format_version)?;
+    writeln!(out, "mode:            {}", info.mode)?;
+    writeln!(out, "key bits:        {}", info.key_bits)?;
+    writeln!(
+        out,
+        "segment size:    {} bytes (ciphertext)",
+        info.segment_size
+    )?;
+    writeln!(
+        out,
+        "payload offset:  {} (the Tink-compatible stream starts here)",
+        info.payload_offset
+    )?;
+    writeln!(out, "tink compatible: {tink}")?;
+    writeln!(out, "session id:      {}", info.session_id)?;
+    writeln!(out, "recipients:")?;
+    for r in &info.recipients {
+        writeln!(out, "  {:<14} {}", r.kind, r.fingerprint)?;
+    }
+    if let Some(key) = &info.session_key {
+        writeln!(out, "session key:     {key}")?;
+    }
+    Ok(out)
 }

@@ -195,7 +195,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
         }
         KeyCommand::Export { name } => {
             let (blob, _) = store.load(name)?;
-            print!("{}", blob.public_key_pem()?);
+            crate::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
             Ok(crate::exit::OK)
         }
         KeyCommand::Delete { name, yes } => {

@@ -20,13 +20,15 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
                 fs::read_to_string(identity).with_context(|| identity.display().to_string())?,
             );
             let key = RecoveryKey::parse(&text).with_context(|| identity.display().to_string())?;
-            println!("{}", key.recipient_string());
+            crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
             Ok(crate::exit::OK)
         }
     }
 }
 
 fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
+    // The recipient is printed: no key is made that nobody would see.
+    crate::stdout::ensure_open()?;
     let exists = fs::symlink_metadata(out).is_ok();
     if exists && !force {
         return Err(anyhow::anyhow!(
@@ -95,7 +97,7 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
         return Err(e).with_context(ctx);
     }
     crate::atomic::sync_dir(crate::atomic::parent_dir(out)).with_context(ctx)?;
-    println!("{}", key.recipient_string());
+    crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
     Ok(crate::exit::OK)
 }
 
