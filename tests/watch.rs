@@ -916,3 +916,38 @@ fn systemd_unit_verifies_and_its_flags_exist() {
         );
     }
 }
+
+// ------------------------------------------- versions (never replace a lost plaintext)
+
+impl Scratch {
+    /// Decrypts one ciphertext in this process with the identity `id`.
+    fn decrypt_one(&self, ct: &Path) -> Vec<u8> {
+        let id = fs::read_to_string(self.path().join("id")).expect("identity");
+        common::decrypt_in_process(&id, ct)
+    }
+}
+
+/// A source whose name looks like a temporary's
+/// (`NAME.tpmcrypt-partial.PID.…`) is a file like any other: its ciphertext
+/// is not taken for a crash leftover and removed at the next start.
+#[test]
+fn a_source_named_like_a_temporary_survives_a_restart() {
+    let s = Scratch::new();
+    let name = format!("notes{PARTIAL_MARKER}2147483646.txt");
+    fs::write(s.src().join(&name), b"not a leftover").expect("write");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    let ct = s.dest().join(format!("{name}.tpmc"));
+    wait_for("the source to be taken", Duration::from_secs(10), || {
+        !s.src().join(&name).exists()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(ct.exists());
+    let child = s.start(1, &["--delete-plaintext"], true);
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert!(
+        ct.exists(),
+        "the ciphertext was removed as a leftover: {}",
+        s.log(1)
+    );
+    assert_eq!(s.decrypt_one(&ct), b"not a leftover");
+}

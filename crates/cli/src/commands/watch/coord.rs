@@ -181,7 +181,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         }
     );
 
-    let cleaned = scan::clean_partials(&dest);
+    let cleaned = scan::clean_partials(&dest, &src);
     if cleaned > 0 {
         info!("removed {cleaned} temporary file(s) left by an interrupted run");
     }
