@@ -951,3 +951,58 @@ fn a_source_named_like_a_temporary_survives_a_restart() {
     );
     assert_eq!(s.decrypt_one(&ct), b"not a leftover");
 }
+
+// ------------------------------------------------------- non-UTF-8 names
+
+/// File names are bytes: `caf\xe9.txt` and `caf\xe8.txt` (the same text
+/// under a lossy conversion) are both encrypted under their exact byte
+/// names, are remembered by the journal across a restart, and the log
+/// shows them escaped and distinct.
+#[test]
+fn non_utf8_names_keep_their_bytes() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new();
+    let names: [&[u8]; 3] = [b"caf\xe9.txt", b"caf\xe8.txt", b"d\xff/x"];
+    for (i, n) in names.iter().enumerate() {
+        write_file(
+            &s.src().join(OsStr::from_bytes(n)),
+            format!("file {i}").as_bytes(),
+        );
+    }
+    let child = s.start(0, &["-v"], true);
+    let cts: Vec<PathBuf> = names
+        .iter()
+        .map(|n| {
+            let mut b = n.to_vec();
+            b.extend_from_slice(b".tpmc");
+            s.dest().join(OsStr::from_bytes(&b))
+        })
+        .collect();
+    wait_for("three ciphertexts", Duration::from_secs(10), || {
+        cts.iter().all(|c| c.exists())
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(ciphertexts(&s.dest()), 3, "{:?}", walk(&s.dest()));
+    for (i, ct) in cts.iter().enumerate() {
+        assert_eq!(s.decrypt_one(ct), format!("file {i}").as_bytes());
+    }
+    let log = s.log(0);
+    for shown in ["caf\\xe9.txt", "caf\\xe8.txt", "d\\xff/x"] {
+        assert!(log.contains(shown), "{shown} not in the log: {log}");
+    }
+    assert!(!log.contains('\u{fffd}'), "lossy name in the log: {log}");
+    // The journal kept the exact names: nothing is encrypted again.
+    let child = s.start(1, &[], true);
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert!(s.log(1).contains("3 already encrypted"), "{}", s.log(1));
+    // And with --delete-plaintext both sources go, both versions stay.
+    let child = s.start(2, &["--delete-plaintext"], true);
+    wait_for("SRC to be emptied", Duration::from_secs(10), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(2));
+    for (i, ct) in cts.iter().enumerate() {
+        assert_eq!(s.decrypt_one(ct), format!("file {i}").as_bytes());
+    }
+}

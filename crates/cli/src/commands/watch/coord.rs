@@ -169,8 +169,8 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     let started = Instant::now();
     info!(
         "watching {} → {} ({} workers, settle {}, mode {}{})",
-        src.display(),
-        dest.display(),
+        show(&src),
+        show(&dest),
         workers,
         human_duration(args.settle),
         mode.name(),
@@ -590,7 +590,7 @@ impl Coordinator {
                 found.push(f);
                 true
             },
-            &mut |dir, e| warn!("cannot scan {}: {e}", src.join(dir).display()),
+            &mut |dir, e| warn!("cannot scan {}: {e}", show(&src.join(dir))),
         );
         let now = Instant::now();
         let mut skipped = 0;
