@@ -927,6 +927,240 @@ impl Scratch {
     }
 }
 
+/// The name of version `n` of `name` in DEST: `NAME.tpmc`, then
+/// `NAME.vN.tpmc` (as docs/watch.md documents).
+fn version_name(name: &str, n: usize) -> String {
+    if n == 1 {
+        format!("{name}.tpmc")
+    } else {
+        format!("{name}.v{n}.tpmc")
+    }
+}
+
+/// Uploads `contents` one after the other as SRC/`name`: each is written
+/// outside SRC and renamed in once the previous upload is gone (taken by
+/// the daemon), as an uploader that never overwrites would.
+fn upload_in_turn(s: &Scratch, name: &str, contents: &[Vec<u8>]) {
+    let target = s.src().join(name);
+    for (i, data) in contents.iter().enumerate() {
+        let staging = s.path().join(format!("staging.{name}.{i}"));
+        fs::write(&staging, data).expect("write staging");
+        wait_for(
+            "the previous upload to be taken",
+            Duration::from_secs(60),
+            || !target.exists(),
+        );
+        fs::rename(&staging, &target).expect("rename into SRC");
+    }
+}
+
+/// Under --delete-plaintext a name that comes back (a second upload of
+/// `report.txt`, a log appended to after it was taken) never replaces the
+/// ciphertext of the earlier one, whose plaintext is gone: every version
+/// is kept, numbered in arrival order, and decrypts to what was uploaded.
+#[test]
+fn delete_plaintext_keeps_every_version_of_a_repeated_name() {
+    const UPLOADS: usize = 40;
+    const APPENDS: usize = 25;
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext", "--settle", "20ms"], true);
+    let contents: Vec<Vec<u8>> = (0..UPLOADS)
+        .map(|i| {
+            let mut d = format!("upload {i}\n").into_bytes();
+            d.extend(bytes(i * 997 % 20_000, i as u64 + 1));
+            d
+        })
+        .collect();
+    // An appending writer at the same time: each line is appended with
+    // open/append/close, sometimes to a file the daemon has just taken.
+    let log_path = s.src().join("app.log");
+    let appender = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for j in 0..APPENDS {
+            let line = format!("line {j:03} of the log\n");
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("open log");
+            f.write_all(line.as_bytes()).expect("append");
+            drop(f);
+            lines.extend_from_slice(line.as_bytes());
+            std::thread::sleep(Duration::from_millis(if j % 3 == 0 { 5 } else { 60 }));
+        }
+        lines
+    });
+    upload_in_turn(&s, "report.txt", &contents);
+    let lines = appender.join().expect("appender");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+
+    // Every upload, in order, under its version name.
+    for (i, data) in contents.iter().enumerate() {
+        let ct = s.dest().join(version_name("report.txt", i + 1));
+        assert!(
+            ct.exists(),
+            "{} missing: {:?}",
+            ct.display(),
+            walk(&s.dest())
+        );
+        assert_eq!(&s.decrypt_one(&ct), data, "version {}", i + 1);
+    }
+    assert!(!s
+        .dest()
+        .join(version_name("report.txt", UPLOADS + 1))
+        .exists());
+    // The log's versions, in order, hold every line exactly once.
+    let mut joined = Vec::new();
+    let mut n = 1;
+    loop {
+        let ct = s.dest().join(version_name("app.log", n));
+        if !ct.exists() {
+            break;
+        }
+        joined.extend(s.decrypt_one(&ct));
+        n += 1;
+    }
+    assert!(
+        n > 2,
+        "the log was taken only once: the test proved nothing"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&joined),
+        String::from_utf8_lossy(&lines)
+    );
+    let st = s.stats();
+    assert_eq!(st["failures"], 0, "{st}");
+    assert_eq!(
+        st["deleted"].as_u64(),
+        Some((UPLOADS + n - 1) as u64),
+        "{st}"
+    );
+}
+
+/// kill -9 while versions of one name keep arriving: after a clean last
+/// run, every upload survives as exactly one version, in arrival order.
+#[test]
+fn kill_9_while_versions_arrive_loses_none() {
+    const UPLOADS: usize = 30;
+    let s = Scratch::new();
+    let contents: Vec<Vec<u8>> = (0..UPLOADS)
+        .map(|i| {
+            let mut d = format!("upload {i}\n").into_bytes();
+            d.extend(bytes(i * 7919 % 200_000, 100 + i as u64));
+            d
+        })
+        .collect();
+    let uploader = {
+        let want = contents.clone();
+        let src = s.src();
+        let staging_dir = s.path().to_path_buf();
+        std::thread::spawn(move || {
+            let target = src.join("report.txt");
+            for (i, data) in want.iter().enumerate() {
+                let staging = staging_dir.join(format!("staging.{i}"));
+                fs::write(&staging, data).expect("write staging");
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while target.exists() {
+                    assert!(Instant::now() < deadline, "upload {i} never taken");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                fs::rename(&staging, &target).expect("rename into SRC");
+            }
+        })
+    };
+    let mut rng = Rng(0x51ed_270b_2c3f_9a1d);
+    for round in 0..6 {
+        let mut child = s.start(round, &["--delete-plaintext", "--settle", "10ms"], false);
+        std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+        child.kill().expect("kill -9");
+        child.wait().expect("wait");
+    }
+    let before = ciphertexts(&s.dest());
+    println!("versions of report.txt before the last run: {before}");
+    assert!(before > 0, "no kill met work under way");
+    let child = s.start(9, &["--delete-plaintext", "--settle", "10ms"], true);
+    uploader.join().expect("uploader");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(9));
+    let mut got = Vec::new();
+    for n in 1.. {
+        let ct = s.dest().join(version_name("report.txt", n));
+        if !ct.exists() {
+            break;
+        }
+        got.push(s.decrypt_one(&ct));
+    }
+    assert_eq!(
+        ciphertexts(&s.dest()),
+        got.len(),
+        "versions are numbered without gaps"
+    );
+    // A kill between a ciphertext and the removal of its source does not
+    // add a duplicate either: the journal knew whose ciphertext it was.
+    assert_eq!(got.len(), UPLOADS, "every upload, once");
+    assert!(
+        got == contents,
+        "versions differ from the uploads, or are out of order"
+    );
+}
+
+/// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
+/// still in SRC follows its edits. But a ciphertext whose source is gone
+/// (removed, or taken by an earlier --delete-plaintext run) is never
+/// replaced by a newcomer of the same name.
+#[test]
+fn a_ciphertext_whose_plaintext_is_gone_is_never_replaced() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let a = s.src().join("a");
+    let a_ct = s.dest().join("a.tpmc");
+    fs::write(&a, b"a, first").expect("write");
+    wait_for("a.tpmc", Duration::from_secs(10), || a_ct.exists());
+    // An edit: the mirror follows.
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(&a, b"a, edited").expect("write");
+    wait_for("a.tpmc to follow the edit", Duration::from_secs(10), || {
+        fs::read(s.path().join("stats.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v["files"] == 2)
+    });
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    // Removed, then a new file of the same name: a second version.
+    fs::remove_file(&a).expect("rm");
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(&a, b"a, another file").expect("write");
+    let a2 = s.dest().join(version_name("a", 2));
+    wait_for("a.v2.tpmc", Duration::from_secs(10), || a2.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    assert_eq!(s.decrypt_one(&a2), b"a, another file");
+
+    // A run with --delete-plaintext takes b; a later run without it finds
+    // a new b: b.tpmc, whose plaintext is gone, stays.
+    let b = s.src().join("b");
+    let b_ct = s.dest().join("b.tpmc");
+    fs::write(&b, b"b, deleted after encryption").expect("write");
+    let child = s.start(1, &["--delete-plaintext"], true);
+    wait_for("b to be taken", Duration::from_secs(10), || !b.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    fs::write(&b, b"b, a newcomer").expect("write");
+    let child = s.start(2, &[], true);
+    let b2 = s.dest().join(version_name("b", 2));
+    wait_for("b.v2.tpmc", Duration::from_secs(10), || b2.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(2));
+    assert_eq!(s.decrypt_one(&b_ct), b"b, deleted after encryption");
+    assert_eq!(s.decrypt_one(&b2), b"b, a newcomer");
+    // The untouched ones were not encrypted again on restart.
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    assert_eq!(ciphertexts(&s.dest()), 4, "{:?}", walk(&s.dest()));
+}
+
 /// A source whose name looks like a temporary's
 /// (`NAME.tpmcrypt-partial.PID.…`) is a file like any other: its ciphertext
 /// is not taken for a crash leftover and removed at the next start.
@@ -950,6 +1184,107 @@ fn a_source_named_like_a_temporary_survives_a_restart() {
         s.log(1)
     );
     assert_eq!(s.decrypt_one(&ct), b"not a leftover");
+}
+
+// ------------------------------------------------- SRC, DEST and the lock
+
+/// Waits (at most 10 s) for the daemon to exit on its own; its exit code.
+fn exits_by_itself(mut child: Child, log: impl Fn() -> String) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon kept running: {}", log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SRC removed and recreated, or moved away: the daemon would watch a
+/// directory that is no longer SRC. It stops with an error and a non-zero
+/// exit (systemd restarts it on the new SRC); a restart takes what landed.
+#[test]
+fn src_removed_recreated_or_moved_stops_the_daemon() {
+    for how in ["recreated", "moved"] {
+        let s = Scratch::new();
+        let child = s.start(0, &[], true);
+        fs::write(s.src().join("before"), b"before").expect("write");
+        wait_for("before.tpmc", Duration::from_secs(10), || {
+            s.dest().join("before.tpmc").exists()
+        });
+        match how {
+            "recreated" => fs::remove_dir_all(s.src()).expect("rm SRC"),
+            _ => fs::rename(s.src(), s.path().join("src.old")).expect("mv SRC"),
+        }
+        fs::create_dir(s.src()).expect("mkdir SRC");
+        fs::write(s.src().join("after"), b"after").expect("write");
+        let code = exits_by_itself(child, || s.log(0));
+        let log = s.log(0);
+        assert_eq!(code, 1, "{how}: {log}");
+        assert!(log.contains("error: "), "{how}: {log}");
+        assert!(log.contains("SRC"), "{how}: {log}");
+        assert!(!s.dest().join("after.tpmc").exists(), "{how}");
+        // The restarted daemon watches the new SRC.
+        let child = s.start(1, &[], true);
+        wait_for("after.tpmc", Duration::from_secs(10), || {
+            s.dest().join("after.tpmc").exists()
+        });
+        assert_eq!(stop(child), 0, "{}", s.log(1));
+    }
+}
+
+/// DEST removed: it is not recreated behind the operator's back (with a
+/// fresh state directory, so without the lock a second daemon could take
+/// it); the daemon stops with an error, non-zero, and keeps the plaintext.
+#[test]
+fn dest_removed_stops_the_daemon_and_is_not_recreated() {
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext"], true);
+    fs::write(s.src().join("one"), b"one").expect("write");
+    wait_for("one to be taken", Duration::from_secs(10), || {
+        !s.src().join("one").exists()
+    });
+    fs::remove_dir_all(s.dest()).expect("rm DEST");
+    fs::write(s.src().join("two"), b"two").expect("write");
+    let code = exits_by_itself(child, || s.log(0));
+    let log = s.log(0);
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("error: ") && log.contains("DEST"), "{log}");
+    assert!(!s.dest().exists(), "DEST was recreated: {log}");
+    assert_eq!(fs::read(s.src().join("two")).expect("two kept"), b"two");
+}
+
+/// One daemon per DEST: a second one is refused while the first runs, and
+/// if the lock file is removed under the first, it stops rather than let a
+/// second one in.
+#[test]
+fn one_daemon_per_dest_even_if_the_lock_goes() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let other_src = s.path().join("src2");
+    fs::create_dir(&other_src).expect("mkdir");
+    let dest = s.dest();
+    let r = run(
+        s.path(),
+        &[
+            "watch",
+            "src2",
+            "--out",
+            dest.to_str().expect("utf8"),
+            "-R",
+            &s.recipient,
+        ],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("another tpmcrypt watch"), "{}", r.stderr);
+    fs::remove_file(s.dest().join(".tpmcrypt-watch/lock")).expect("rm lock");
+    let code = exits_by_itself(child, || s.log(0));
+    assert_eq!(code, 1, "{}", s.log(0));
+    assert!(s.log(0).contains("lock"), "{}", s.log(0));
 }
 
 // ------------------------------------------------------- non-UTF-8 names
