@@ -730,7 +730,7 @@ fn metrics_sighup_and_rotation() {
     wait_for("a.tpmc", Duration::from_secs(10), || {
         s.dest().join("a.tpmc").exists()
     });
-    let body = {
+    let fetch = || {
         let mut conn = std::net::TcpStream::connect(&addr).expect("connect to metrics");
         conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
             .expect("send");
@@ -738,6 +738,11 @@ fn metrics_sighup_and_rotation() {
         conn.read_to_string(&mut body).expect("read");
         body
     };
+    // a.tpmc has its name a moment before the daemon counts it.
+    wait_for("the metrics to count a", Duration::from_secs(10), || {
+        fetch().contains("tpmcrypt_watch_files_total 1")
+    });
+    let body = fetch();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("tpmcrypt_watch_files_total 1"), "{body}");
     assert!(
