@@ -1346,3 +1346,36 @@ fn non_utf8_names_keep_their_bytes() {
         assert_eq!(s.decrypt_one(ct), format!("file {i}").as_bytes());
     }
 }
+
+/// Two daemons with SRC and DEST swapped (or SRC inside another daemon's
+/// DEST) would encrypt each other's ciphertext forever, and with
+/// --delete-plaintext remove the first one's ciphertexts, journal and
+/// lock. A SRC that is, or is inside, the DEST of a watch is refused.
+#[test]
+fn src_inside_a_watchs_dest_is_refused() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    fs::create_dir(s.dest().join("sub")).expect("mkdir");
+    for src in ["dest", "dest/sub"] {
+        let err = s.path().join("err");
+        let second = tpmcrypt(s.path())
+            .args(["watch", src, "--out", "other", "-R", &s.recipient])
+            .arg("--delete-plaintext")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("spawn");
+        let stderr = || fs::read_to_string(&err).unwrap_or_default();
+        let code = exits_by_itself(second, stderr);
+        assert_eq!(code, 2, "{src}: {}", stderr());
+        assert!(
+            stderr().contains("the DEST of a tpmcrypt watch"),
+            "{}",
+            stderr()
+        );
+        assert_eq!(stderr().lines().count(), 1, "{}", stderr());
+    }
+    assert!(!s.path().join("other").exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(s.dest().join(".tpmcrypt-watch/lock").exists());
+}

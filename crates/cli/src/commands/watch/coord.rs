@@ -137,6 +137,20 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src_arg.display()
         )));
     }
+    if let Some(other) = watched_dest_around(&src) {
+        return Err(usage(format!(
+            "SRC {} is inside {}, the DEST of a tpmcrypt watch (it holds {}): its ciphertext \
+             would be encrypted again{}",
+            show(&src),
+            show(&other),
+            STATE_DIR,
+            if args.delete_plaintext {
+                " and removed"
+            } else {
+                ""
+            }
+        )));
+    }
     let dest_canon = canonical_to_be(dest_arg)?;
     if dest_canon.starts_with(&src) {
         return Err(usage(format!(
@@ -148,7 +162,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     let state_arg = args
         .state_dir
         .clone()
-        .unwrap_or_else(|| dest_canon.join(".tpmcrypt-watch"));
+        .unwrap_or_else(|| dest_canon.join(STATE_DIR));
     let state_canon = canonical_to_be(&state_arg)?;
     if state_canon.starts_with(&src) {
         return Err(usage(format!(
@@ -157,6 +171,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src.display()
         )));
     }
+    let dest_created = fs::symlink_metadata(&dest_canon).is_err();
     fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
     let dest = fs::canonicalize(&dest_canon)?;
     probe_writable(&dest).map_err(|e| not_writable(&dest, "DEST", e))?;
@@ -183,6 +198,9 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         }
     );
 
+    if dest_created {
+        info!("created DEST {} (it did not exist)", show(&dest));
+    }
     let cleaned = scan::clean_partials(&dest, &src);
     if cleaned > 0 {
         info!("removed {cleaned} temporary file(s) left by an interrupted run");
@@ -412,6 +430,19 @@ impl Roots {
         }
         Ok(())
     }
+}
+
+/// The default state directory's name, inside DEST.
+const STATE_DIR: &str = ".tpmcrypt-watch";
+
+/// The directory, `src` or one of its ancestors, that is (or was) the DEST
+/// of a tpmcrypt watch: it holds a state directory with a lock file.
+fn watched_dest_around(src: &Path) -> Option<PathBuf> {
+    src.ancestors()
+        .find(|dir| {
+            fs::symlink_metadata(dir.join(STATE_DIR).join("lock")).is_ok_and(|m| m.is_file())
+        })
+        .map(Path::to_path_buf)
 }
 
 /// The canonical form `path` will have once created: its deepest existing
