@@ -1379,3 +1379,29 @@ fn src_inside_a_watchs_dest_is_refused() {
     assert_eq!(stop(child), 0, "{}", s.log(0));
     assert!(s.dest().join(".tpmcrypt-watch/lock").exists());
 }
+
+/// The lock is in the state directory, but two daemons with the same DEST
+/// and different --state-dir would still share DEST: DEST itself is
+/// locked too.
+#[test]
+fn one_daemon_per_dest_whatever_the_state_dir() {
+    let s = Scratch::new();
+    let state1 = s.path().join("state1");
+    let child = s.start(0, &["--state-dir", state1.to_str().expect("utf8")], true);
+    let other_src = s.path().join("src2");
+    fs::create_dir(&other_src).expect("mkdir");
+    let err = s.path().join("err");
+    let second = tpmcrypt(s.path())
+        .args(["watch", "src2", "--out", "dest", "-R", &s.recipient])
+        .args(["--state-dir", "state2"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn");
+    let stderr = || fs::read_to_string(&err).unwrap_or_default();
+    let code = exits_by_itself(second, stderr);
+    assert_eq!(code, 1, "{}", stderr());
+    assert!(stderr().contains("another tpmcrypt watch"), "{}", stderr());
+    assert_eq!(stderr().lines().count(), 1, "{}", stderr());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+}

@@ -178,6 +178,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     fs::create_dir_all(&state_canon)
         .map_err(|e| not_writable(&state_canon, "the state directory", e))?;
     let state = fs::canonicalize(&state_canon)?;
+    let dest_lock = lock_dest(&dest)?;
     let lock = lock_state(&state)?;
     let roots = Roots::new(&src, &dest, &state, &lock)?;
 
@@ -355,6 +356,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     }
     info!("stopped: {}", s.line());
     drop(lock);
+    drop(dest_lock);
     match end {
         End::Signal => Ok(crate::exit::OK),
         End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
@@ -490,7 +492,28 @@ fn probe_writable(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Holds an exclusive lock on the state directory: one daemon per DEST.
+/// Takes an exclusive `flock` on `f` without waiting; false if another
+/// process holds one.
+fn try_lock(f: &File) -> bool {
+    // SAFETY: flock on a valid fd.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Holds an exclusive lock on DEST itself: one daemon per DEST, whatever
+/// their state directories.
+fn lock_dest(dest: &Path) -> anyhow::Result<File> {
+    let f = File::open(dest).with_context(|| show(dest))?;
+    if !try_lock(&f) {
+        return Err(anyhow::anyhow!(
+            "{}: another tpmcrypt watch is using this DEST",
+            show(dest)
+        ));
+    }
+    Ok(f)
+}
+
+/// Holds an exclusive lock on the state directory: one daemon per state
+/// directory.
 fn lock_state(state: &Path) -> anyhow::Result<File> {
     let f = fs::OpenOptions::new()
         .create(true)
@@ -498,8 +521,7 @@ fn lock_state(state: &Path) -> anyhow::Result<File> {
         .write(true)
         .open(state.join("lock"))
         .map_err(|e| not_writable(state, "the state directory", e))?;
-    // SAFETY: flock on a valid fd.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if !try_lock(&f) {
         return Err(anyhow::anyhow!(
             "{}: another tpmcrypt watch is using this state directory",
             state.display()
