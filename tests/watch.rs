@@ -1405,3 +1405,28 @@ fn one_daemon_per_dest_whatever_the_state_dir() {
     assert_eq!(stderr().lines().count(), 1, "{}", stderr());
     assert_eq!(stop(child), 0, "{}", s.log(0));
 }
+
+/// A directory of DEST swapped for a symlink is never followed: nothing is
+/// written where it points, the failure is logged and retried, and the
+/// source is kept.
+#[test]
+fn a_symlink_in_dest_is_never_followed() {
+    let s = Scratch::new();
+    let outside = s.path().join("outside");
+    fs::create_dir(&outside).expect("mkdir");
+    fs::create_dir_all(s.dest()).expect("mkdir dest");
+    symlink(&outside, s.dest().join("sub")).expect("symlink");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    write_file(&s.src().join("sub/f"), b"secret");
+    wait_for("the failure to be logged", Duration::from_secs(10), || {
+        s.log(0).contains("symlink")
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(
+        walk(&outside).is_empty(),
+        "written through the symlink: {:?}",
+        walk(&outside)
+    );
+    assert_eq!(fs::read(s.src().join("sub/f")).expect("kept"), b"secret");
+}

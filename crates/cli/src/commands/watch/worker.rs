@@ -121,7 +121,9 @@ impl Ctx {
         }
     }
 
-    /// Creates the directories of `rel` below DEST, never DEST itself.
+    /// Creates the directories of `rel` below DEST, never DEST itself, and
+    /// checks that each is a directory, not a symlink to elsewhere (which
+    /// would be followed when writing).
     fn create_dest_dirs(&self, rel: &Path) -> anyhow::Result<()> {
         let Some(parent) = rel.parent() else {
             return Ok(());
@@ -137,6 +139,16 @@ impl Ctx {
                         anyhow::Error::from(e).context(format!("creating {}", super::show(&dir)))
                     )
                 }
+            }
+            let kind = fs::symlink_metadata(&dir)
+                .map(|m| Kind::from_mode(m.mode()))
+                .with_context(|| super::show(&dir))?;
+            if kind != Kind::Dir {
+                bail!(
+                    "{}: a {} in DEST where a directory belongs (never followed)",
+                    super::show(&dir),
+                    kind.name()
+                );
             }
         }
         Ok(())
