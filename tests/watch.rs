@@ -1430,3 +1430,36 @@ fn a_symlink_in_dest_is_never_followed() {
     );
     assert_eq!(fs::read(s.src().join("sub/f")).expect("kept"), b"secret");
 }
+
+/// An uploader that overwrites report.txt in place while the daemon is
+/// verifying the ciphertext of the previous upload: that ciphertext is the
+/// only copy of the previous contents, so it is kept, and the new contents
+/// become a second version.
+#[test]
+fn a_source_overwritten_after_its_ciphertext_was_made_keeps_both() {
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext", "--settle", "10ms"], true);
+    let first = bytes(96 << 20, 41);
+    let second = b"the second upload, written over the first".to_vec();
+    let staging = s.path().join("staging");
+    fs::write(&staging, &first).expect("write");
+    let src = s.src().join("report.txt");
+    fs::rename(&staging, &src).expect("rename in");
+    let v1 = s.dest().join(version_name("report.txt", 1));
+    wait_for("the first ciphertext", Duration::from_secs(60), || {
+        v1.exists()
+    });
+    // Now being verified: overwrite the source in place.
+    fs::write(&src, &second).expect("overwrite");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        !src.exists()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let v2 = s.dest().join(version_name("report.txt", 2));
+    assert!(
+        s.decrypt_one(&v1) == first,
+        "the first upload's ciphertext was replaced: {}",
+        s.log(0)
+    );
+    assert_eq!(s.decrypt_one(&v2), second);
+}

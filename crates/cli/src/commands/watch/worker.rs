@@ -157,17 +157,20 @@ impl Ctx {
     /// Where the ciphertext of `job` goes, and whether it may replace what
     /// is there. A ciphertext is replaced only when the journal says it
     /// belongs to this source, still in SRC, and, with --delete-plaintext,
-    /// either holds exactly the version at hand or was made by this run
-    /// (which has not removed that source: a source it removes loses its
-    /// record first). Any other existing ciphertext may be the only copy
-    /// of a plaintext that is gone, so the lowest free version number is
+    /// nothing is lost by replacing it: it holds exactly the version at
+    /// hand, or (made by this session) a prefix of the source as it is now,
+    /// as when a log was appended to. Any other existing ciphertext may be
+    /// the only copy of a plaintext that is gone (a source overwritten
+    /// after it was encrypted, say), so the lowest free version number is
     /// taken instead.
-    fn target(&self, job: &Job, st: &Stamp) -> (u32, PathBuf, bool) {
+    fn target(&self, job: &Job, st: &Stamp, src: &File, session: &Session) -> (u32, PathBuf, bool) {
         let rel = &job.rel;
         if let Some(p) = job.prev {
             let path = self.version_path(rel, p.version);
             if ciphertext_present(&path, p.ct_len)
-                && (!self.delete || job.fresh || p.same_source(st.size, st.mtime_ns, st.ino))
+                && (!self.delete
+                    || p.same_source(st.size, st.mtime_ns, st.ino)
+                    || (job.fresh && decrypts_to_a_prefix(session, &path, src)))
             {
                 return (p.version, path, true);
             }
@@ -279,8 +282,8 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     }
     ctx.check_dest()?;
     ctx.create_dest_dirs(&job.rel)?;
-    let (version, dest, replace) = ctx.target(job, &st0);
     let session = ctx.session();
+    let (version, dest, replace) = ctx.target(job, &st0, &file, &session);
     let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
         .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
     let result = {
@@ -348,6 +351,50 @@ pub fn ciphertext_present(dest: &Path, ct_len: u64) -> bool {
     fs::symlink_metadata(dest)
         .map(|m| m.is_file() && m.len() == ct_len)
         .unwrap_or(false)
+}
+
+/// A `Write` that compares what it is given with a file, from its start,
+/// and fails at the first difference or past the file's end.
+struct PrefixCheck<'a> {
+    file: &'a File,
+    off: u64,
+    buf: Vec<u8>,
+}
+
+impl Write for PrefixCheck<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.resize(data.len(), 0);
+        self.file.read_exact_at(&mut self.buf, self.off)?;
+        if self.buf != data {
+            return Err(io::Error::other("differs"));
+        }
+        self.off += data.len() as u64;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether the ciphertext at `ct` decrypts, with this session's key, to
+/// the first bytes of `src` (false for another session's ciphertext).
+fn decrypts_to_a_prefix(session: &Session, ct: &Path, src: &File) -> bool {
+    let Ok(ct) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(ct)
+    else {
+        return false;
+    };
+    let mut check = PrefixCheck {
+        file: src,
+        off: 0,
+        buf: Vec::new(),
+    };
+    session
+        .verifier
+        .decrypt_file(&ct, &mut check, &StreamOptions::sequential())
+        .is_ok()
 }
 
 /// A `Write` that only hashes.
