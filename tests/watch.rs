@@ -1463,3 +1463,52 @@ fn a_source_overwritten_after_its_ciphertext_was_made_keeps_both() {
     );
     assert_eq!(s.decrypt_one(&v2), second);
 }
+
+/// A kill -9 between the journal record of a ciphertext and its rename
+/// into place leaves a record for a ciphertext that is not there; an older
+/// ciphertext of the same length under that name must not pass for it
+/// (the file would never be encrypted again).
+#[test]
+fn a_record_ahead_of_its_ciphertext_is_not_trusted() {
+    use std::os::unix::fs::MetadataExt;
+    let s = Scratch::new();
+    let p = s.src().join("p");
+    fs::write(&p, b"old contents").expect("write");
+    let ct = s.dest().join("p.tpmc");
+    let child = s.start(0, &[], true);
+    wait_for("p.tpmc", Duration::from_secs(10), || ct.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(&p, b"new contents").expect("write"); // same length
+                                                    // What the worker had recorded for the new version when it was killed:
+                                                    // version 1, of the same length, in a temporary (another inode).
+    let m = fs::metadata(&p).expect("stat");
+    let old = fs::metadata(&ct).expect("stat ct");
+    let line = format!(
+        "+ {} {} {} {} {} 1 {}\n",
+        m.size(),
+        m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        m.ino(),
+        old.len(),
+        hex::encode("p"),
+        old.ino() + 1
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(s.dest().join(".tpmcrypt-watch/journal"))
+        .expect("journal")
+        .write_all(line.as_bytes())
+        .expect("append");
+    let child = s.start(1, &[], true);
+    wait_for("p to be encrypted again", Duration::from_secs(10), || {
+        walk(&s.dest())
+            .iter()
+            .filter(|c| c.to_string_lossy().ends_with(".tpmc"))
+            .any(|c| {
+                common::decrypt_in_process(&fs::read_to_string(s.path().join("id")).expect("id"), c)
+                    == b"new contents"
+            })
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert_eq!(s.decrypt_one(&ct), b"old contents", "the old version stays");
+}

@@ -777,10 +777,7 @@ impl Coordinator {
                 let m = &f.meta;
                 let mtime = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
                 if rec.same_source(m.size(), mtime, m.ino())
-                    && worker::ciphertext_present(
-                        &self.ctx.version_path(&f.rel, rec.version),
-                        rec.ct_len,
-                    )
+                    && worker::ciphertext_present(&self.ctx.version_path(&f.rel, rec.version), &rec)
                 {
                     unchanged.insert(f.rel);
                     continue;

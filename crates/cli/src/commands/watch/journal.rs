@@ -5,18 +5,22 @@
 //! It is an append-only text file, one record per line:
 //!
 //! ```text
-//! + SIZE MTIME_NS INODE CT_LEN HEX(relative path) [VERSION]    encrypted
-//! - HEX(relative path)                                         forgotten
+//! + SIZE MTIME_NS INODE CT_LEN HEX(relative path) VERSION CT_INODE    encrypted
+//! - HEX(relative path)                                                   forgotten
 //! ```
 //!
-//! VERSION (absent for 1) says which ciphertext holds it: `NAME.tpmc` for
-//! version 1, `NAME.vN.tpmc` for version N (see docs/watch.md). A record
-//! also means "this ciphertext belongs to the source still at this path":
-//! only then may a newer version of that source replace it.
+//! VERSION says which ciphertext holds it: `NAME.tpmc` for version 1,
+//! `NAME.vN.tpmc` for version N (see docs/watch.md); CT_INODE is the
+//! ciphertext's inode. Both may be absent (journals of earlier versions:
+//! version 1, inode unknown). A record also means "this ciphertext belongs
+//! to the source still at this path": only then may a newer version of that
+//! source replace it.
 //!
-//! A record is appended only after its ciphertext is durable, so the journal
-//! can lag behind (a crash loses the tail: those files are encrypted again,
-//! which is harmless) but never runs ahead. At start-up it is read, checked
+//! A record is appended just before its ciphertext gets its final name (so
+//! that a kill -9 before the source is removed does not lead to a duplicate
+//! version); a record whose ciphertext did not get there is recognised by
+//! CT_INODE and CT_LEN and never trusted. A crash can lose the tail: those
+//! files get encrypted again as new versions, which loses nothing. At start-up it is read, checked
 //! against SRC and DEST (a record whose source is gone or whose ciphertext
 //! is missing or of the wrong size is dropped) and rewritten compactly with
 //! a crash-safe rename.
@@ -45,6 +49,8 @@ pub struct Record {
     pub ct_len: u64,
     /// Which ciphertext: 1 for `NAME.tpmc`, N for `NAME.vN.tpmc`.
     pub version: u32,
+    /// The ciphertext's inode (0: unknown, from an older journal).
+    pub ct_ino: u64,
 }
 
 impl Record {
@@ -83,9 +89,12 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
             let ino = parts.next()?.parse().ok()?;
             let ct_len = parts.next()?.parse().ok()?;
             let path = decode_path(parts.next()?)?;
-            let version = match parts.next() {
-                None => 1,
-                Some(v) => v.parse().ok().filter(|&v| v >= 2)?,
+            let (version, ct_ino) = match parts.next() {
+                None => (1, 0),
+                Some(v) => (
+                    v.parse().ok().filter(|&v| v >= 1)?,
+                    parts.next()?.parse().ok()?,
+                ),
             };
             if parts.next().is_some() {
                 return None;
@@ -98,6 +107,7 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
                     ino,
                     ct_len,
                     version,
+                    ct_ino,
                 }),
             ))
         }
@@ -107,17 +117,15 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
 }
 
 fn format_put(rel: &Path, r: &Record) -> String {
-    let version = match r.version {
-        1 => String::new(),
-        n => format!(" {n}"),
-    };
     format!(
-        "+ {} {} {} {} {}{version}\n",
+        "+ {} {} {} {} {} {} {}\n",
         r.size,
         r.mtime_ns,
         r.ino,
         r.ct_len,
-        hex::encode(rel.as_os_str().as_bytes())
+        hex::encode(rel.as_os_str().as_bytes()),
+        r.version,
+        r.ct_ino
     )
 }
 
@@ -258,6 +266,7 @@ mod tests {
             ino: 42,
             ct_len: 99,
             version: 1,
+            ct_ino: 7,
         };
         let v3 = Record { version: 3, ..r };
         let raw = std::ffi::OsStr::from_bytes(b"caf\xe9/x\xff");
@@ -276,7 +285,12 @@ mod tests {
         assert_eq!(j.records.len(), 2);
         assert_eq!(j.get(Path::new("a/b c.txt")), Some(r));
         assert_eq!(j.get(Path::new(raw)), Some(v3));
-        assert_eq!(parse_line("+ 1 2 3 4 61 1"), None, "version 1 is implicit");
+        // An earlier version's line: version 1, ciphertext inode unknown.
+        let (p, old) = parse_line("+ 1 2 3 4 61").unwrap();
+        assert_eq!(p, Path::new("a"));
+        assert_eq!(old.map(|r| (r.version, r.ct_ino)), Some((1, 0)));
+        assert_eq!(parse_line("+ 1 2 3 4 61 2"), None, "torn");
+        assert_eq!(parse_line("+ 1 2 3 4 61 0 5"), None, "no version 0");
         assert!(r.same_source(5, 1_700_000_000_123_456_789, 42));
         assert!(!r.same_source(5, 1_700_000_000_123_456_788, 42));
     }

@@ -167,7 +167,7 @@ impl Ctx {
         let rel = &job.rel;
         if let Some(p) = job.prev {
             let path = self.version_path(rel, p.version);
-            if ciphertext_present(&path, p.ct_len)
+            if ciphertext_present(&path, &p)
                 && (!self.delete
                     || p.same_source(st.size, st.mtime_ns, st.ino)
                     || (job.fresh && decrypts_to_a_prefix(session, &path, src)))
@@ -256,7 +256,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     if !ctx.delete || kept {
         if let Some(prev) = job.prev {
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
-                && ciphertext_present(&ctx.version_path(&job.rel, prev.version), prev.ct_len)
+                && ciphertext_present(&ctx.version_path(&job.rel, prev.version), &prev)
             {
                 return Ok(Outcome::Unchanged);
             }
@@ -298,13 +298,14 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         return Ok(Outcome::Changed);
     }
     result.context("encrypting")?;
-    let ct_len = out.file().metadata()?.len();
+    let ct = out.file().metadata()?;
     let rec = Record {
         size: st0.size,
         mtime_ns: st0.mtime_ns,
         ino: st0.ino,
-        ct_len,
+        ct_len: ct.len(),
         version,
+        ct_ino: ct.ino(),
     };
     // Never into a DEST recreated meanwhile (by another daemon, say).
     ctx.check_dest()?;
@@ -345,11 +346,12 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     })
 }
 
-/// Whether DEST holds a ciphertext of the expected size (never following a
-/// symlink there either).
-pub fn ciphertext_present(dest: &Path, ct_len: u64) -> bool {
-    fs::symlink_metadata(dest)
-        .map(|m| m.is_file() && m.len() == ct_len)
+/// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
+/// file (a symlink there is never followed) of its size and, when known,
+/// its inode.
+pub fn ciphertext_present(path: &Path, rec: &Record) -> bool {
+    fs::symlink_metadata(path)
+        .map(|m| m.is_file() && m.len() == rec.ct_len && (rec.ct_ino == 0 || m.ino() == rec.ct_ino))
         .unwrap_or(false)
 }
 
