@@ -767,7 +767,7 @@ fn metrics_sighup_and_rotation() {
     wait_for("a.tpmc", Duration::from_secs(10), || {
         s.dest().join("a.tpmc").exists()
     });
-    let body = {
+    let fetch = || {
         let mut conn = std::net::TcpStream::connect(&addr).expect("connect to metrics");
         conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
             .expect("send");
@@ -775,6 +775,11 @@ fn metrics_sighup_and_rotation() {
         conn.read_to_string(&mut body).expect("read");
         body
     };
+    // a.tpmc has its name a moment before the daemon counts it.
+    wait_for("the metrics to count a", Duration::from_secs(10), || {
+        fetch().contains("tpmcrypt_watch_files_total 1")
+    });
+    let body = fetch();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("tpmcrypt_watch_files_total 1"), "{body}");
     assert!(
@@ -952,4 +957,595 @@ fn systemd_unit_verifies_and_its_flags_exist() {
             "ExecStart passes {flag}, unknown to watch"
         );
     }
+}
+
+// ------------------------------------------- versions (never replace a lost plaintext)
+
+impl Scratch {
+    /// Decrypts one ciphertext in this process with the identity `id`.
+    fn decrypt_one(&self, ct: &Path) -> Vec<u8> {
+        let id = fs::read_to_string(self.path().join("id")).expect("identity");
+        common::decrypt_in_process(&id, ct)
+    }
+}
+
+/// The name of version `n` of `name` in DEST: `NAME.tpmc`, then
+/// `NAME.vN.tpmc` (as docs/watch.md documents).
+fn version_name(name: &str, n: usize) -> String {
+    if n == 1 {
+        format!("{name}.tpmc")
+    } else {
+        format!("{name}.v{n}.tpmc")
+    }
+}
+
+/// Uploads `contents` one after the other as SRC/`name`: each is written
+/// outside SRC and renamed in once the previous upload is gone (taken by
+/// the daemon), as an uploader that never overwrites would.
+fn upload_in_turn(s: &Scratch, name: &str, contents: &[Vec<u8>]) {
+    let target = s.src().join(name);
+    for (i, data) in contents.iter().enumerate() {
+        let staging = s.path().join(format!("staging.{name}.{i}"));
+        fs::write(&staging, data).expect("write staging");
+        wait_for(
+            "the previous upload to be taken",
+            Duration::from_secs(60),
+            || !target.exists(),
+        );
+        fs::rename(&staging, &target).expect("rename into SRC");
+    }
+}
+
+/// Under --delete-plaintext a name that comes back (a second upload of
+/// `report.txt`, a log appended to after it was taken) never replaces the
+/// ciphertext of the earlier one, whose plaintext is gone: every version
+/// is kept, numbered in arrival order, and decrypts to what was uploaded.
+#[test]
+fn delete_plaintext_keeps_every_version_of_a_repeated_name() {
+    const UPLOADS: usize = 40;
+    const APPENDS: usize = 25;
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext", "--settle", "20ms"], true);
+    let contents: Vec<Vec<u8>> = (0..UPLOADS)
+        .map(|i| {
+            let mut d = format!("upload {i}\n").into_bytes();
+            d.extend(bytes(i * 997 % 20_000, i as u64 + 1));
+            d
+        })
+        .collect();
+    // An appending writer at the same time: each line is appended with
+    // open/append/close, sometimes to a file the daemon has just taken.
+    let log_path = s.src().join("app.log");
+    let appender = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for j in 0..APPENDS {
+            let line = format!("line {j:03} of the log\n");
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("open log");
+            f.write_all(line.as_bytes()).expect("append");
+            drop(f);
+            lines.extend_from_slice(line.as_bytes());
+            std::thread::sleep(Duration::from_millis(if j % 3 == 0 { 5 } else { 60 }));
+        }
+        lines
+    });
+    upload_in_turn(&s, "report.txt", &contents);
+    let lines = appender.join().expect("appender");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+
+    // Every upload, in order, under its version name.
+    for (i, data) in contents.iter().enumerate() {
+        let ct = s.dest().join(version_name("report.txt", i + 1));
+        assert!(
+            ct.exists(),
+            "{} missing: {:?}",
+            ct.display(),
+            walk(&s.dest())
+        );
+        assert_eq!(&s.decrypt_one(&ct), data, "version {}", i + 1);
+    }
+    assert!(!s
+        .dest()
+        .join(version_name("report.txt", UPLOADS + 1))
+        .exists());
+    // The log's versions, in order, hold every line exactly once.
+    let mut joined = Vec::new();
+    let mut n = 1;
+    loop {
+        let ct = s.dest().join(version_name("app.log", n));
+        if !ct.exists() {
+            break;
+        }
+        joined.extend(s.decrypt_one(&ct));
+        n += 1;
+    }
+    assert!(
+        n > 2,
+        "the log was taken only once: the test proved nothing"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&joined),
+        String::from_utf8_lossy(&lines)
+    );
+    let st = s.stats();
+    assert_eq!(st["failures"], 0, "{st}");
+    assert_eq!(
+        st["deleted"].as_u64(),
+        Some((UPLOADS + n - 1) as u64),
+        "{st}"
+    );
+}
+
+/// kill -9 while versions of one name keep arriving: after a clean last
+/// run, every upload survives as exactly one version, in arrival order.
+#[test]
+fn kill_9_while_versions_arrive_loses_none() {
+    const UPLOADS: usize = 30;
+    let s = Scratch::new();
+    let contents: Vec<Vec<u8>> = (0..UPLOADS)
+        .map(|i| {
+            let mut d = format!("upload {i}\n").into_bytes();
+            d.extend(bytes(i * 7919 % 200_000, 100 + i as u64));
+            d
+        })
+        .collect();
+    let uploader = {
+        let want = contents.clone();
+        let src = s.src();
+        let staging_dir = s.path().to_path_buf();
+        std::thread::spawn(move || {
+            let target = src.join("report.txt");
+            for (i, data) in want.iter().enumerate() {
+                let staging = staging_dir.join(format!("staging.{i}"));
+                fs::write(&staging, data).expect("write staging");
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while target.exists() {
+                    assert!(Instant::now() < deadline, "upload {i} never taken");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                fs::rename(&staging, &target).expect("rename into SRC");
+            }
+        })
+    };
+    let mut rng = Rng(0x51ed_270b_2c3f_9a1d);
+    for round in 0..6 {
+        let mut child = s.start(round, &["--delete-plaintext", "--settle", "10ms"], false);
+        std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+        child.kill().expect("kill -9");
+        child.wait().expect("wait");
+    }
+    let before = ciphertexts(&s.dest());
+    println!("versions of report.txt before the last run: {before}");
+    assert!(before > 0, "no kill met work under way");
+    let child = s.start(9, &["--delete-plaintext", "--settle", "10ms"], true);
+    uploader.join().expect("uploader");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(9));
+    let mut got = Vec::new();
+    for n in 1.. {
+        let ct = s.dest().join(version_name("report.txt", n));
+        if !ct.exists() {
+            break;
+        }
+        got.push(s.decrypt_one(&ct));
+    }
+    assert_eq!(
+        ciphertexts(&s.dest()),
+        got.len(),
+        "versions are numbered without gaps"
+    );
+    // A kill between a ciphertext and the removal of its source does not
+    // add a duplicate either: the journal knew whose ciphertext it was.
+    assert_eq!(got.len(), UPLOADS, "every upload, once");
+    assert!(
+        got == contents,
+        "versions differ from the uploads, or are out of order"
+    );
+}
+
+/// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
+/// still in SRC follows its edits. But a ciphertext whose source is gone
+/// (removed, or taken by an earlier --delete-plaintext run) is never
+/// replaced by a newcomer of the same name.
+#[test]
+fn a_ciphertext_whose_plaintext_is_gone_is_never_replaced() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let a = s.src().join("a");
+    let a_ct = s.dest().join("a.tpmc");
+    fs::write(&a, b"a, first").expect("write");
+    wait_for("a.tpmc", Duration::from_secs(10), || a_ct.exists());
+    // An edit: the mirror follows.
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(&a, b"a, edited").expect("write");
+    wait_for("a.tpmc to follow the edit", Duration::from_secs(10), || {
+        fs::read(s.path().join("stats.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v["files"] == 2)
+    });
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    // Removed, then a new file of the same name: a second version.
+    fs::remove_file(&a).expect("rm");
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(&a, b"a, another file").expect("write");
+    let a2 = s.dest().join(version_name("a", 2));
+    wait_for("a.v2.tpmc", Duration::from_secs(10), || a2.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    assert_eq!(s.decrypt_one(&a2), b"a, another file");
+
+    // A run with --delete-plaintext takes b; a later run without it finds
+    // a new b: b.tpmc, whose plaintext is gone, stays.
+    let b = s.src().join("b");
+    let b_ct = s.dest().join("b.tpmc");
+    fs::write(&b, b"b, deleted after encryption").expect("write");
+    let child = s.start(1, &["--delete-plaintext"], true);
+    wait_for("b to be taken", Duration::from_secs(10), || !b.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    fs::write(&b, b"b, a newcomer").expect("write");
+    let child = s.start(2, &[], true);
+    let b2 = s.dest().join(version_name("b", 2));
+    wait_for("b.v2.tpmc", Duration::from_secs(10), || b2.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(2));
+    assert_eq!(s.decrypt_one(&b_ct), b"b, deleted after encryption");
+    assert_eq!(s.decrypt_one(&b2), b"b, a newcomer");
+    // The untouched ones were not encrypted again on restart.
+    assert_eq!(s.decrypt_one(&a_ct), b"a, edited");
+    assert_eq!(ciphertexts(&s.dest()), 4, "{:?}", walk(&s.dest()));
+}
+
+/// A source whose name looks like a temporary's
+/// (`NAME.tpmcrypt-partial.PID.…`) is a file like any other: its ciphertext
+/// is not taken for a crash leftover and removed at the next start.
+#[test]
+fn a_source_named_like_a_temporary_survives_a_restart() {
+    let s = Scratch::new();
+    let name = format!("notes{PARTIAL_MARKER}2147483646.txt");
+    fs::write(s.src().join(&name), b"not a leftover").expect("write");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    let ct = s.dest().join(format!("{name}.tpmc"));
+    wait_for("the source to be taken", Duration::from_secs(10), || {
+        !s.src().join(&name).exists()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(ct.exists());
+    let child = s.start(1, &["--delete-plaintext"], true);
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert!(
+        ct.exists(),
+        "the ciphertext was removed as a leftover: {}",
+        s.log(1)
+    );
+    assert_eq!(s.decrypt_one(&ct), b"not a leftover");
+}
+
+// ------------------------------------------------- SRC, DEST and the lock
+
+/// Waits (at most 10 s) for the daemon to exit on its own; its exit code.
+fn exits_by_itself(mut child: Child, log: impl Fn() -> String) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon kept running: {}", log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SRC removed and recreated, or moved away: the daemon would watch a
+/// directory that is no longer SRC. It stops with an error and a non-zero
+/// exit (systemd restarts it on the new SRC); a restart takes what landed.
+#[test]
+fn src_removed_recreated_or_moved_stops_the_daemon() {
+    for how in ["recreated", "moved"] {
+        let s = Scratch::new();
+        let child = s.start(0, &[], true);
+        fs::write(s.src().join("before"), b"before").expect("write");
+        wait_for("before.tpmc", Duration::from_secs(10), || {
+            s.dest().join("before.tpmc").exists()
+        });
+        match how {
+            "recreated" => fs::remove_dir_all(s.src()).expect("rm SRC"),
+            _ => fs::rename(s.src(), s.path().join("src.old")).expect("mv SRC"),
+        }
+        fs::create_dir(s.src()).expect("mkdir SRC");
+        fs::write(s.src().join("after"), b"after").expect("write");
+        let code = exits_by_itself(child, || s.log(0));
+        let log = s.log(0);
+        assert_eq!(code, 1, "{how}: {log}");
+        assert!(log.contains("error: "), "{how}: {log}");
+        assert!(log.contains("SRC"), "{how}: {log}");
+        assert!(!s.dest().join("after.tpmc").exists(), "{how}");
+        // The restarted daemon watches the new SRC.
+        let child = s.start(1, &[], true);
+        wait_for("after.tpmc", Duration::from_secs(10), || {
+            s.dest().join("after.tpmc").exists()
+        });
+        assert_eq!(stop(child), 0, "{}", s.log(1));
+    }
+}
+
+/// DEST removed: it is not recreated behind the operator's back (with a
+/// fresh state directory, so without the lock a second daemon could take
+/// it); the daemon stops with an error, non-zero, and keeps the plaintext.
+#[test]
+fn dest_removed_stops_the_daemon_and_is_not_recreated() {
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext"], true);
+    fs::write(s.src().join("one"), b"one").expect("write");
+    wait_for("one to be taken", Duration::from_secs(10), || {
+        !s.src().join("one").exists()
+    });
+    fs::remove_dir_all(s.dest()).expect("rm DEST");
+    fs::write(s.src().join("two"), b"two").expect("write");
+    let code = exits_by_itself(child, || s.log(0));
+    let log = s.log(0);
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("error: ") && log.contains("DEST"), "{log}");
+    assert!(!s.dest().exists(), "DEST was recreated: {log}");
+    assert_eq!(fs::read(s.src().join("two")).expect("two kept"), b"two");
+}
+
+/// One daemon per DEST: a second one is refused while the first runs, and
+/// if the lock file is removed under the first, it stops rather than let a
+/// second one in.
+#[test]
+fn one_daemon_per_dest_even_if_the_lock_goes() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let other_src = s.path().join("src2");
+    fs::create_dir(&other_src).expect("mkdir");
+    let dest = s.dest();
+    let r = run(
+        s.path(),
+        &[
+            "watch",
+            "src2",
+            "--out",
+            dest.to_str().expect("utf8"),
+            "-R",
+            &s.recipient,
+        ],
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("another tpmcrypt watch"), "{}", r.stderr);
+    fs::remove_file(s.dest().join(".tpmcrypt-watch/lock")).expect("rm lock");
+    let code = exits_by_itself(child, || s.log(0));
+    assert_eq!(code, 1, "{}", s.log(0));
+    assert!(s.log(0).contains("lock"), "{}", s.log(0));
+}
+
+// ------------------------------------------------------- non-UTF-8 names
+
+/// File names are bytes: `caf\xe9.txt` and `caf\xe8.txt` (the same text
+/// under a lossy conversion) are both encrypted under their exact byte
+/// names, are remembered by the journal across a restart, and the log
+/// shows them escaped and distinct.
+#[test]
+fn non_utf8_names_keep_their_bytes() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new();
+    let names: [&[u8]; 3] = [b"caf\xe9.txt", b"caf\xe8.txt", b"d\xff/x"];
+    for (i, n) in names.iter().enumerate() {
+        write_file(
+            &s.src().join(OsStr::from_bytes(n)),
+            format!("file {i}").as_bytes(),
+        );
+    }
+    let child = s.start(0, &["-v"], true);
+    let cts: Vec<PathBuf> = names
+        .iter()
+        .map(|n| {
+            let mut b = n.to_vec();
+            b.extend_from_slice(b".tpmc");
+            s.dest().join(OsStr::from_bytes(&b))
+        })
+        .collect();
+    wait_for("three ciphertexts", Duration::from_secs(10), || {
+        cts.iter().all(|c| c.exists())
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(ciphertexts(&s.dest()), 3, "{:?}", walk(&s.dest()));
+    for (i, ct) in cts.iter().enumerate() {
+        assert_eq!(s.decrypt_one(ct), format!("file {i}").as_bytes());
+    }
+    let log = s.log(0);
+    for shown in ["caf\\xe9.txt", "caf\\xe8.txt", "d\\xff/x"] {
+        assert!(log.contains(shown), "{shown} not in the log: {log}");
+    }
+    assert!(!log.contains('\u{fffd}'), "lossy name in the log: {log}");
+    // The journal kept the exact names: nothing is encrypted again.
+    let child = s.start(1, &[], true);
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert!(s.log(1).contains("3 already encrypted"), "{}", s.log(1));
+    // And with --delete-plaintext both sources go, both versions stay.
+    let child = s.start(2, &["--delete-plaintext"], true);
+    wait_for("SRC to be emptied", Duration::from_secs(10), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(2));
+    for (i, ct) in cts.iter().enumerate() {
+        assert_eq!(s.decrypt_one(ct), format!("file {i}").as_bytes());
+    }
+}
+
+/// Two daemons with SRC and DEST swapped (or SRC inside another daemon's
+/// DEST) would encrypt each other's ciphertext forever, and with
+/// --delete-plaintext remove the first one's ciphertexts, journal and
+/// lock. A SRC that is, or is inside, the DEST of a watch is refused.
+#[test]
+fn src_inside_a_watchs_dest_is_refused() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    fs::create_dir(s.dest().join("sub")).expect("mkdir");
+    for src in ["dest", "dest/sub"] {
+        let err = s.path().join("err");
+        let second = tpmcrypt(s.path())
+            .args(["watch", src, "--out", "other", "-R", &s.recipient])
+            .arg("--delete-plaintext")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("spawn");
+        let stderr = || fs::read_to_string(&err).unwrap_or_default();
+        let code = exits_by_itself(second, stderr);
+        assert_eq!(code, 2, "{src}: {}", stderr());
+        assert!(
+            stderr().contains("the DEST of a tpmcrypt watch"),
+            "{}",
+            stderr()
+        );
+        assert_eq!(stderr().lines().count(), 1, "{}", stderr());
+    }
+    assert!(!s.path().join("other").exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(s.dest().join(".tpmcrypt-watch/lock").exists());
+}
+
+/// The lock is in the state directory, but two daemons with the same DEST
+/// and different --state-dir would still share DEST: DEST itself is
+/// locked too.
+#[test]
+fn one_daemon_per_dest_whatever_the_state_dir() {
+    let s = Scratch::new();
+    let state1 = s.path().join("state1");
+    let child = s.start(0, &["--state-dir", state1.to_str().expect("utf8")], true);
+    let other_src = s.path().join("src2");
+    fs::create_dir(&other_src).expect("mkdir");
+    let err = s.path().join("err");
+    let second = tpmcrypt(s.path())
+        .args(["watch", "src2", "--out", "dest", "-R", &s.recipient])
+        .args(["--state-dir", "state2"])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn");
+    let stderr = || fs::read_to_string(&err).unwrap_or_default();
+    let code = exits_by_itself(second, stderr);
+    assert_eq!(code, 1, "{}", stderr());
+    assert!(stderr().contains("another tpmcrypt watch"), "{}", stderr());
+    assert_eq!(stderr().lines().count(), 1, "{}", stderr());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+}
+
+/// A directory of DEST swapped for a symlink is never followed: nothing is
+/// written where it points, the failure is logged and retried, and the
+/// source is kept.
+#[test]
+fn a_symlink_in_dest_is_never_followed() {
+    let s = Scratch::new();
+    let outside = s.path().join("outside");
+    fs::create_dir(&outside).expect("mkdir");
+    fs::create_dir_all(s.dest()).expect("mkdir dest");
+    symlink(&outside, s.dest().join("sub")).expect("symlink");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    write_file(&s.src().join("sub/f"), b"secret");
+    wait_for("the failure to be logged", Duration::from_secs(10), || {
+        s.log(0).contains("symlink")
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert!(
+        walk(&outside).is_empty(),
+        "written through the symlink: {:?}",
+        walk(&outside)
+    );
+    assert_eq!(fs::read(s.src().join("sub/f")).expect("kept"), b"secret");
+}
+
+/// An uploader that overwrites report.txt in place while the daemon is
+/// verifying the ciphertext of the previous upload: that ciphertext is the
+/// only copy of the previous contents, so it is kept, and the new contents
+/// become a second version.
+#[test]
+fn a_source_overwritten_after_its_ciphertext_was_made_keeps_both() {
+    let s = Scratch::new();
+    let child = s.start(0, &["--delete-plaintext", "--settle", "10ms"], true);
+    let first = bytes(96 << 20, 41);
+    let second = b"the second upload, written over the first".to_vec();
+    let staging = s.path().join("staging");
+    fs::write(&staging, &first).expect("write");
+    let src = s.src().join("report.txt");
+    fs::rename(&staging, &src).expect("rename in");
+    let v1 = s.dest().join(version_name("report.txt", 1));
+    wait_for("the first ciphertext", Duration::from_secs(60), || {
+        v1.exists()
+    });
+    // Now being verified: overwrite the source in place.
+    fs::write(&src, &second).expect("overwrite");
+    wait_for("SRC to be emptied", Duration::from_secs(60), || {
+        !src.exists()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let v2 = s.dest().join(version_name("report.txt", 2));
+    assert!(
+        s.decrypt_one(&v1) == first,
+        "the first upload's ciphertext was replaced: {}",
+        s.log(0)
+    );
+    assert_eq!(s.decrypt_one(&v2), second);
+}
+
+/// A kill -9 between the journal record of a ciphertext and its rename
+/// into place leaves a record for a ciphertext that is not there; an older
+/// ciphertext of the same length under that name must not pass for it
+/// (the file would never be encrypted again).
+#[test]
+fn a_record_ahead_of_its_ciphertext_is_not_trusted() {
+    use std::os::unix::fs::MetadataExt;
+    let s = Scratch::new();
+    let p = s.src().join("p");
+    fs::write(&p, b"old contents").expect("write");
+    let ct = s.dest().join("p.tpmc");
+    let child = s.start(0, &[], true);
+    wait_for("p.tpmc", Duration::from_secs(10), || ct.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(&p, b"new contents").expect("write"); // same length
+                                                    // What the worker had recorded for the new version when it was killed:
+                                                    // version 1, of the same length, in a temporary (another inode).
+    let m = fs::metadata(&p).expect("stat");
+    let old = fs::metadata(&ct).expect("stat ct");
+    let line = format!(
+        "+ {} {} {} {} {} 1 {}\n",
+        m.size(),
+        m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        m.ino(),
+        old.len(),
+        hex::encode("p"),
+        old.ino() + 1
+    );
+    fs::OpenOptions::new()
+        .append(true)
+        .open(s.dest().join(".tpmcrypt-watch/journal"))
+        .expect("journal")
+        .write_all(line.as_bytes())
+        .expect("append");
+    let child = s.start(1, &[], true);
+    wait_for("p to be encrypted again", Duration::from_secs(10), || {
+        walk(&s.dest())
+            .iter()
+            .filter(|c| c.to_string_lossy().ends_with(".tpmc"))
+            .any(|c| {
+                common::decrypt_in_process(&fs::read_to_string(s.path().join("id")).expect("id"), c)
+                    == b"new contents"
+            })
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert_eq!(s.decrypt_one(&ct), b"old contents", "the old version stays");
 }

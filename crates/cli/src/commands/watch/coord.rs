@@ -77,7 +77,7 @@ struct Coordinator {
     ready: VecDeque<PathBuf>,
     work_tx: Option<Sender<Job>>,
     in_flight: usize,
-    journal: Journal,
+    journal: Arc<Mutex<Journal>>,
     journal_failed: bool,
     stats: Arc<Mutex<Stats>>,
     rescan: bool,
@@ -93,6 +93,7 @@ struct LoopIo<'a> {
     recipients: &'a [Box<dyn Recipient>],
     params: Params,
     started: Instant,
+    roots: &'a Roots,
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
@@ -132,6 +133,20 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src_arg.display()
         )));
     }
+    if let Some(other) = watched_dest_around(&src) {
+        return Err(usage(format!(
+            "SRC {} is inside {}, the DEST of a tpmcrypt watch (it holds {}): its ciphertext \
+             would be encrypted again{}",
+            show(&src),
+            show(&other),
+            STATE_DIR,
+            if args.delete_plaintext {
+                " and removed"
+            } else {
+                ""
+            }
+        )));
+    }
     let dest_canon = canonical_to_be(dest_arg)?;
     if dest_canon.starts_with(&src) {
         return Err(usage(format!(
@@ -143,7 +158,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     let state_arg = args
         .state_dir
         .clone()
-        .unwrap_or_else(|| dest_canon.join(".tpmcrypt-watch"));
+        .unwrap_or_else(|| dest_canon.join(STATE_DIR));
     let state_canon = canonical_to_be(&state_arg)?;
     if state_canon.starts_with(&src) {
         return Err(usage(format!(
@@ -152,21 +167,24 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src.display()
         )));
     }
+    let dest_created = fs::symlink_metadata(&dest_canon).is_err();
     fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
     let dest = fs::canonicalize(&dest_canon)?;
     probe_writable(&dest).map_err(|e| not_writable(&dest, "DEST", e))?;
     fs::create_dir_all(&state_canon)
         .map_err(|e| not_writable(&state_canon, "the state directory", e))?;
     let state = fs::canonicalize(&state_canon)?;
-    let _lock = lock_state(&state)?;
+    let dest_lock = lock_dest(&dest)?;
+    let lock = lock_state(&state)?;
+    let roots = Roots::new(&src, &dest, &state, &lock)?;
 
     let sink = log::init(args.log.as_deref(), ui.verbose)?;
     fsio::ignore_sigio();
     let started = Instant::now();
     info!(
         "watching {} → {} ({} workers, settle {}, mode {}{})",
-        src.display(),
-        dest.display(),
+        show(&src),
+        show(&dest),
         workers,
         human_duration(args.settle),
         mode.name(),
@@ -177,16 +195,20 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         }
     );
 
-    let cleaned = scan::clean_partials(&dest);
+    if dest_created {
+        info!("created DEST {} (it did not exist)", show(&dest));
+    }
+    let cleaned = scan::clean_partials(&dest, &src);
     if cleaned > 0 {
         info!("removed {cleaned} temporary file(s) left by an interrupted run");
     }
-    let mut journal = Journal::load(&state)
-        .with_context(|| format!("reading the journal in {}", state.display()))?;
-    if args.delete_plaintext {
-        // Only this run's session can verify: never skip on old records.
-        journal.retain(|_, _| false);
-    }
+    // With --delete-plaintext the records are kept, but only sources kept
+    // for their other hard links are skipped on them (only this run's
+    // session can verify a ciphertext before a deletion).
+    let journal =
+        Arc::new(Mutex::new(Journal::load(&state).with_context(|| {
+            format!("reading the journal in {}", show(&state))
+        })?));
 
     let session = Session::new(&recipients, params)?;
     info!("session {}", session.id);
@@ -215,6 +237,8 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     let ctx = Arc::new(Ctx {
         src_root: File::open(&src).with_context(|| src.display().to_string())?,
         dest: dest.clone(),
+        dest_id: roots.dest.1,
+        journal: journal.clone(),
         settle: args.settle,
         delete: args.delete_plaintext,
         session: Mutex::new(Arc::new(session)),
@@ -272,13 +296,13 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         rescan: false,
     };
     let (queued, unchanged) = c.startup_scan();
-    c.journal
+    c.journal()
         .compact()
-        .with_context(|| format!("writing the journal in {}", state.display()))?;
+        .with_context(|| format!("writing the journal in {}", show(&state)))?;
     info!("start-up scan: {queued} file(s) to encrypt, {unchanged} already encrypted");
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
-    let code = c.run_loop(&LoopIo {
+    let end = c.run_loop(&LoopIo {
         args,
         ctl_rx: &ctl_rx,
         ev_rx: &ev_rx,
@@ -287,6 +311,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         recipients: &recipients,
         params,
         started,
+        roots: &roots,
     });
 
     // Shutdown: no new files; finish those in flight.
@@ -314,7 +339,8 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     for h in handles {
         let _ = h.join();
     }
-    if let Err(e) = c.journal.sync() {
+    let synced = c.journal().sync();
+    if let Err(e) = synced {
         warn!("journal: {e}");
     }
     c.update_gauges();
@@ -325,7 +351,96 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         }
     }
     info!("stopped: {}", s.line());
-    Ok(code)
+    drop(lock);
+    drop(dest_lock);
+    match end {
+        End::Signal => Ok(crate::exit::OK),
+        End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
+    }
+}
+
+/// Why the loop ended.
+enum End {
+    /// SIGTERM or SIGINT: exit 0.
+    Signal,
+    /// SRC, DEST or the lock is no longer what the daemon started with: an
+    /// error, exit 1 (systemd's `Restart=on-failure` starts it again).
+    Fatal(String),
+}
+
+/// How often the loop checks that SRC, DEST and the lock are still there.
+const ROOTS_EVERY: Duration = Duration::from_millis(250);
+
+/// SRC, DEST, the state directory and its lock file as they were at
+/// start, by device and inode: a directory removed (and perhaps
+/// recreated), moved away or mounted over is no longer the one watched or
+/// locked.
+struct Roots {
+    src: (PathBuf, (u64, u64)),
+    dest: (PathBuf, (u64, u64)),
+    state: (PathBuf, (u64, u64)),
+    lock: (PathBuf, (u64, u64)),
+}
+
+fn dev_ino(m: &fs::Metadata) -> (u64, u64) {
+    (m.dev(), m.ino())
+}
+
+impl Roots {
+    fn new(src: &Path, dest: &Path, state: &Path, lock: &File) -> anyhow::Result<Roots> {
+        let id = |p: &Path| -> anyhow::Result<(PathBuf, (u64, u64))> {
+            let m = fs::symlink_metadata(p).with_context(|| show(p))?;
+            Ok((p.to_path_buf(), dev_ino(&m)))
+        };
+        Ok(Roots {
+            src: id(src)?,
+            dest: id(dest)?,
+            state: id(state)?,
+            lock: (state.join("lock"), dev_ino(&lock.metadata()?)),
+        })
+    }
+
+    /// An error message if any of them changed.
+    fn check(&self) -> Result<(), String> {
+        let same = |(p, id): &(PathBuf, (u64, u64))| {
+            fs::symlink_metadata(p).is_ok_and(|m| dev_ino(&m) == *id)
+        };
+        if !same(&self.src) {
+            return Err(format!(
+                "{}: SRC was removed, moved or replaced: stopping (a restart watches the \
+                 directory that has its name now)",
+                show(&self.src.0)
+            ));
+        }
+        if !same(&self.dest) {
+            return Err(format!(
+                "{}: DEST was removed, moved or replaced: stopping (it is not recreated: its \
+                 lock and journal went with it)",
+                show(&self.dest.0)
+            ));
+        }
+        if !same(&self.state) || !same(&self.lock) {
+            return Err(format!(
+                "{}: the state directory's lock was removed or replaced: stopping (another \
+                 daemon could take this DEST)",
+                show(&self.lock.0)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The default state directory's name, inside DEST.
+const STATE_DIR: &str = ".tpmcrypt-watch";
+
+/// The directory, `src` or one of its ancestors, that is (or was) the DEST
+/// of a tpmcrypt watch: it holds a state directory with a lock file.
+fn watched_dest_around(src: &Path) -> Option<PathBuf> {
+    src.ancestors()
+        .find(|dir| {
+            fs::symlink_metadata(dir.join(STATE_DIR).join("lock")).is_ok_and(|m| m.is_file())
+        })
+        .map(Path::to_path_buf)
 }
 
 /// The canonical form `path` will have once created: its deepest existing
@@ -373,7 +488,28 @@ fn probe_writable(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Holds an exclusive lock on the state directory: one daemon per DEST.
+/// Takes an exclusive `flock` on `f` without waiting; false if another
+/// process holds one.
+fn try_lock(f: &File) -> bool {
+    // SAFETY: flock on a valid fd.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Holds an exclusive lock on DEST itself: one daemon per DEST, whatever
+/// their state directories.
+fn lock_dest(dest: &Path) -> anyhow::Result<File> {
+    let f = File::open(dest).with_context(|| show(dest))?;
+    if !try_lock(&f) {
+        return Err(anyhow::anyhow!(
+            "{}: another tpmcrypt watch is using this DEST",
+            show(dest)
+        ));
+    }
+    Ok(f)
+}
+
+/// Holds an exclusive lock on the state directory: one daemon per state
+/// directory.
 fn lock_state(state: &Path) -> anyhow::Result<File> {
     let f = fs::OpenOptions::new()
         .create(true)
@@ -381,8 +517,7 @@ fn lock_state(state: &Path) -> anyhow::Result<File> {
         .write(true)
         .open(state.join("lock"))
         .map_err(|e| not_writable(state, "the state directory", e))?;
-    // SAFETY: flock on a valid fd.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if !try_lock(&f) {
         return Err(anyhow::anyhow!(
             "{}: another tpmcrypt watch is using this state directory",
             state.display()
@@ -415,7 +550,7 @@ fn backoff(base: Duration, n: u32, max: Duration) -> Duration {
 }
 
 impl Coordinator {
-    fn run_loop(&mut self, io: &LoopIo<'_>) -> i32 {
+    fn run_loop(&mut self, io: &LoopIo<'_>) -> End {
         let interval = io.args.stats_interval.max(Duration::from_millis(100));
         let rotate = io.args.rotate.map(|d| d.max(Duration::from_secs(1)));
         let mut next_stats = Instant::now() + interval;
@@ -424,6 +559,7 @@ impl Coordinator {
         let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
         let watchdog_every = Duration::from_micros(watchdog_usec / 2);
         let mut next_watchdog = Instant::now();
+        let mut next_roots = Instant::now();
         let mut last_logged = (u64::MAX, u64::MAX, u64::MAX);
         let never_ev = never();
         loop {
@@ -431,14 +567,22 @@ impl Coordinator {
             self.dispatch();
             if self.rescan && self.entries.len() < MAX_ENTRIES / 2 {
                 self.rescan = false;
-                info!("rescanning {}", self.src.display());
-                self.scan_dir(Path::new(""), false);
+                info!("rescanning {}", show(&self.src));
+                self.scan_dir(Path::new(""), false, None);
                 self.dispatch();
             }
-            if let Err(e) = self.journal.flush() {
+            let flushed = self.journal().flush();
+            if let Err(e) = flushed {
                 self.journal_error(e);
             }
             let now = Instant::now();
+            if now >= next_roots {
+                next_roots = now + ROOTS_EVERY;
+                if let Err(msg) = io.roots.check() {
+                    error!("{msg}");
+                    return End::Fatal(msg);
+                }
+            }
             if now >= next_stats {
                 next_stats = now + interval;
                 self.update_gauges();
@@ -457,7 +601,8 @@ impl Coordinator {
                         warn!("--stats-json {}: {e:#}", path.display());
                     }
                 }
-                if let Err(e) = self.journal.sync() {
+                let synced = self.journal().sync();
+                if let Err(e) = synced {
                     self.journal_error(e);
                 }
                 let status = format!(
@@ -490,7 +635,7 @@ impl Coordinator {
                 next_watchdog = now + watchdog_every;
             }
 
-            let mut wake = next_stats;
+            let mut wake = next_stats.min(next_roots);
             if let Some(Reverse((t, _))) = self.timers.peek() {
                 wake = wake.min(*t);
             }
@@ -510,14 +655,14 @@ impl Coordinator {
                 recv(io.ctl_rx) -> msg => match msg {
                     Ok(Ctl::Stop(sig)) => {
                         info!("signal {sig}: stopping");
-                        return crate::exit::OK;
+                        return End::Signal;
                     }
                     Ok(Ctl::Hup) => match io.sink.reopen() {
                         Ok(true) => info!("SIGHUP: log file reopened"),
                         Ok(false) => info!("SIGHUP received (logging to stderr: nothing to reopen)"),
                         Err(e) => error!("SIGHUP: cannot reopen the log file: {e}"),
                     },
-                    Err(_) => return crate::exit::OK,
+                    Err(_) => return End::Signal,
                 },
                 recv(io.done_rx) -> msg => {
                     if let Ok((rel, outcome)) = msg {
@@ -546,6 +691,10 @@ impl Coordinator {
         }
     }
 
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn journal_error(&mut self, e: io::Error) {
         if !self.journal_failed {
             self.journal_failed = true;
@@ -561,15 +710,25 @@ impl Coordinator {
     /// The start-up scan: everything not already encrypted is due now.
     /// Returns (files queued, files already encrypted).
     fn startup_scan(&mut self) -> (usize, usize) {
-        let seen = self.scan_dir(Path::new(""), true);
-        self.journal.retain(|p, _| seen.contains(p));
-        (self.entries.len(), seen.len())
+        let mut present = HashSet::new();
+        let unchanged = self.scan_dir(Path::new(""), true, Some(&mut present));
+        // A record whose source is still in SRC, changed or not, says whose
+        // ciphertext it is (which its new version may replace); those of
+        // sources that are gone are dropped, so that their ciphertexts are
+        // never replaced.
+        self.journal().retain(|p, _| present.contains(p));
+        (self.entries.len(), unchanged.len())
     }
 
     /// Scans `src/rel`: regular files not already encrypted (per the
     /// journal) and not already tracked become due now. Returns the paths
     /// found already encrypted.
-    fn scan_dir(&mut self, rel: &Path, startup: bool) -> HashSet<PathBuf> {
+    fn scan_dir(
+        &mut self,
+        rel: &Path,
+        startup: bool,
+        mut present: Option<&mut HashSet<PathBuf>>,
+    ) -> HashSet<PathBuf> {
         let mut unchanged = HashSet::new();
         let mut found = Vec::new();
         let mut full = false;
@@ -586,7 +745,7 @@ impl Coordinator {
                 found.push(f);
                 true
             },
-            &mut |dir, e| warn!("cannot scan {}: {e}", src.join(dir).display()),
+            &mut |dir, e| warn!("cannot scan {}: {e}", show(&src.join(dir))),
         );
         let now = Instant::now();
         let mut skipped = 0;
@@ -600,14 +759,21 @@ impl Coordinator {
                 skipped += 1;
                 continue;
             }
+            if let Some(p) = present.as_deref_mut() {
+                p.insert(f.rel.clone());
+            }
             if self.entries.contains_key(&f.rel) {
                 continue;
             }
-            if let Some(rec) = self.journal.get(&f.rel) {
+            // Under --delete-plaintext only sources kept for their other
+            // hard links are skipped on a record.
+            let skippable = !self.ctx.delete || f.meta.nlink() > 1;
+            let rec = self.journal().get(&f.rel);
+            if let Some(rec) = rec.filter(|_| skippable) {
                 let m = &f.meta;
                 let mtime = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
                 if rec.same_source(m.size(), mtime, m.ino())
-                    && worker::ciphertext_present(&self.ctx.dest_path(&f.rel), rec.ct_len)
+                    && worker::ciphertext_present(&self.ctx.version_path(&f.rel, rec.version), &rec)
                 {
                     unchanged.insert(f.rel);
                     continue;
@@ -724,10 +890,11 @@ impl Coordinator {
                 self.timers.push(Reverse((due, rel)));
                 continue;
             }
-            let job = Job {
-                prev: self.journal.get(&rel),
-                rel,
+            let (prev, fresh) = {
+                let j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+                (j.get(&rel), j.is_fresh(&rel))
             };
+            let job = Job { prev, fresh, rel };
             match tx.try_send(job) {
                 Ok(()) => {
                     e.state = State::InFlight;
@@ -764,18 +931,9 @@ impl Coordinator {
         }
         let settle_at = at + self.settle;
         for path in &ev.paths {
+            // SRC itself removed or moved away: the periodic check of the
+            // roots stops the daemon.
             let Some(rel) = self.rel(path).map(Path::to_path_buf) else {
-                if path == &self.src
-                    && matches!(
-                        ev.kind,
-                        EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
-                    )
-                {
-                    error!(
-                        "{} was removed or moved away: nothing more can be watched",
-                        self.src.display()
-                    );
-                }
                 continue;
             };
             match ev.kind {
@@ -784,13 +942,13 @@ impl Coordinator {
                 }
                 EventKind::Create(CreateKind::Folder) => {
                     // Files may have landed before the watch was added.
-                    self.scan_dir(&rel, false);
+                    self.scan_dir(&rel, false, None);
                 }
                 EventKind::Create(_) => self.schedule(rel, settle_at, None),
                 EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
                     match fs::symlink_metadata(path) {
                         Ok(m) if m.is_dir() => {
-                            self.scan_dir(&rel, false);
+                            self.scan_dir(&rel, false, None);
                         }
                         Ok(_) => self.schedule(rel, settle_at, Some(at)),
                         Err(_) => {}
@@ -835,12 +993,13 @@ impl Coordinator {
             {
                 self.entries.remove(&p);
             }
-            if let Err(e) = self.journal.remove(&p) {
+            let removed = self.journal().remove(&p);
+            if let Err(e) = removed {
                 self.journal_error(e);
             }
         }
         if tree {
-            self.journal.retain(|p, _| !p.starts_with(rel));
+            self.journal().retain(|p, _| !p.starts_with(rel));
         }
     }
 
@@ -878,10 +1037,10 @@ impl Coordinator {
                 }
                 let r = if deleted {
                     debug!("encrypted and removed {}", show(&rel));
-                    self.journal.remove(&rel)
+                    self.journal().remove(&rel)
                 } else {
                     debug!("encrypted {}", show(&rel));
-                    self.journal.put(&rel, rec)
+                    self.journal().put(&rel, rec)
                 };
                 if let Err(err) = r {
                     self.journal_error(err);

@@ -5,18 +5,27 @@
 //! It is an append-only text file, one record per line:
 //!
 //! ```text
-//! + SIZE MTIME_NS INODE CT_LEN HEX(relative path)    encrypted
-//! - HEX(relative path)                               forgotten
+//! + SIZE MTIME_NS INODE CT_LEN HEX(relative path) VERSION CT_INODE    encrypted
+//! - HEX(relative path)                                                   forgotten
 //! ```
 //!
-//! A record is appended only after its ciphertext is durable, so the journal
-//! can lag behind (a crash loses the tail: those files are encrypted again,
-//! which is harmless) but never runs ahead. At start-up it is read, checked
+//! VERSION says which ciphertext holds it: `NAME.tpmc` for version 1,
+//! `NAME.vN.tpmc` for version N (see docs/watch.md); CT_INODE is the
+//! ciphertext's inode. Both may be absent (journals of earlier versions:
+//! version 1, inode unknown). A record also means "this ciphertext belongs
+//! to the source still at this path": only then may a newer version of that
+//! source replace it.
+//!
+//! A record is appended just before its ciphertext gets its final name (so
+//! that a kill -9 before the source is removed does not lead to a duplicate
+//! version); a record whose ciphertext did not get there is recognised by
+//! CT_INODE and CT_LEN and never trusted. A crash can lose the tail: those
+//! files get encrypted again as new versions, which loses nothing. At start-up it is read, checked
 //! against SRC and DEST (a record whose source is gone or whose ciphertext
 //! is missing or of the wrong size is dropped) and rewritten compactly with
 //! a crash-safe rename.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -38,6 +47,10 @@ pub struct Record {
     pub ino: u64,
     /// Size of the ciphertext written for it.
     pub ct_len: u64,
+    /// Which ciphertext: 1 for `NAME.tpmc`, N for `NAME.vN.tpmc`.
+    pub version: u32,
+    /// The ciphertext's inode (0: unknown, from an older journal).
+    pub ct_ino: u64,
 }
 
 impl Record {
@@ -53,6 +66,10 @@ impl Record {
 pub struct Journal {
     path: PathBuf,
     records: HashMap<PathBuf, Record>,
+    /// Paths whose record was written by this process (and not forgotten
+    /// since): their ciphertext was made in this run from the source still
+    /// at that path, which this run has not removed.
+    fresh: HashSet<PathBuf>,
     out: Option<BufWriter<File>>,
     dirty: bool,
 }
@@ -72,6 +89,13 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
             let ino = parts.next()?.parse().ok()?;
             let ct_len = parts.next()?.parse().ok()?;
             let path = decode_path(parts.next()?)?;
+            let (version, ct_ino) = match parts.next() {
+                None => (1, 0),
+                Some(v) => (
+                    v.parse().ok().filter(|&v| v >= 1)?,
+                    parts.next()?.parse().ok()?,
+                ),
+            };
             if parts.next().is_some() {
                 return None;
             }
@@ -82,6 +106,8 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
                     mtime_ns,
                     ino,
                     ct_len,
+                    version,
+                    ct_ino,
                 }),
             ))
         }
@@ -92,12 +118,14 @@ fn parse_line(line: &str) -> Option<(PathBuf, Option<Record>)> {
 
 fn format_put(rel: &Path, r: &Record) -> String {
     format!(
-        "+ {} {} {} {} {}\n",
+        "+ {} {} {} {} {} {} {}\n",
         r.size,
         r.mtime_ns,
         r.ino,
         r.ct_len,
-        hex::encode(rel.as_os_str().as_bytes())
+        hex::encode(rel.as_os_str().as_bytes()),
+        r.version,
+        r.ct_ino
     )
 }
 
@@ -131,6 +159,7 @@ impl Journal {
         Ok(Journal {
             path,
             records,
+            fresh: HashSet::new(),
             out: None,
             dirty: false,
         })
@@ -141,9 +170,16 @@ impl Journal {
         self.records.get(rel).copied()
     }
 
+    /// Whether the record for `rel` was written by this process.
+    pub fn is_fresh(&self, rel: &Path) -> bool {
+        self.fresh.contains(rel)
+    }
+
     /// Keeps only the records for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&Path, &Record) -> bool) {
         self.records.retain(|p, r| keep(p, r));
+        let records = &self.records;
+        self.fresh.retain(|p| records.contains_key(p));
     }
 
     /// Rewrites the journal with the current records (crash-safe) and opens
@@ -171,11 +207,13 @@ impl Journal {
             return Ok(());
         }
         self.records.insert(rel.to_path_buf(), r);
+        self.fresh.insert(rel.to_path_buf());
         self.append(format_put(rel, &r))
     }
 
     /// Forgets `rel`.
     pub fn remove(&mut self, rel: &Path) -> io::Result<()> {
+        self.fresh.remove(rel);
         if self.records.remove(rel).is_none() {
             return Ok(());
         }
@@ -227,8 +265,13 @@ mod tests {
             mtime_ns: 1_700_000_000_123_456_789,
             ino: 42,
             ct_len: 99,
+            version: 1,
+            ct_ino: 7,
         };
+        let v3 = Record { version: 3, ..r };
+        let raw = std::ffi::OsStr::from_bytes(b"caf\xe9/x\xff");
         j.put(Path::new("a/b c.txt"), r).unwrap();
+        j.put(Path::new(raw), v3).unwrap();
         j.put(Path::new("gone"), r).unwrap();
         j.remove(Path::new("gone")).unwrap();
         j.flush().unwrap();
@@ -239,8 +282,15 @@ mod tests {
             .unwrap();
         f.write_all(b"+ 1 2 3").unwrap();
         let j = Journal::load(dir.path()).unwrap();
-        assert_eq!(j.records.len(), 1);
+        assert_eq!(j.records.len(), 2);
         assert_eq!(j.get(Path::new("a/b c.txt")), Some(r));
+        assert_eq!(j.get(Path::new(raw)), Some(v3));
+        // An earlier version's line: version 1, ciphertext inode unknown.
+        let (p, old) = parse_line("+ 1 2 3 4 61").unwrap();
+        assert_eq!(p, Path::new("a"));
+        assert_eq!(old.map(|r| (r.version, r.ct_ino)), Some((1, 0)));
+        assert_eq!(parse_line("+ 1 2 3 4 61 2"), None, "torn");
+        assert_eq!(parse_line("+ 1 2 3 4 61 0 5"), None, "no version 0");
         assert!(r.same_source(5, 1_700_000_000_123_456_789, 42));
         assert!(!r.same_source(5, 1_700_000_000_123_456_788, 42));
     }

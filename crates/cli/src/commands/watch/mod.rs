@@ -100,7 +100,33 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     coord::run(args, ui)
 }
 
-/// A relative path for log lines.
-fn show(rel: &Path) -> String {
-    crate::files::printable(&rel.display().to_string())
+/// A path for log lines and messages: its bytes as they are where they are
+/// UTF-8 (control characters escaped), every other byte as `\xNN`, so that
+/// two names that differ only in such bytes are shown differently. For
+/// display only: the daemon itself handles paths as bytes.
+fn show(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(&crate::files::printable(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn show_escapes_bytes_that_are_not_utf8() {
+        let shown = |b: &[u8]| show(Path::new(OsStr::from_bytes(b)));
+        assert_eq!(shown(b"caf\xe9.txt"), "caf\\xe9.txt");
+        assert_eq!(shown(b"caf\xe8.txt"), "caf\\xe8.txt");
+        assert_eq!(shown("d/café\n".as_bytes()), "d/café\\n");
+    }
 }

@@ -1,8 +1,10 @@
 //! Walking SRC (start-up scan, new or moved-in directories, rescans after
 //! an inotify overflow) and cleaning crash leftovers out of DEST.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -68,9 +70,38 @@ pub fn walk(
     true
 }
 
+/// Whether `name` is exactly a temporary's name,
+/// `.NAME.tpmcrypt-partial.PID.RANDOM` (RANDOM: 16 hex digits), and if so
+/// its PID. A ciphertext never matches (its name ends in `.tpmc`), even
+/// when its source's name contains the marker.
+fn partial_pid(name: &OsStr) -> Option<i32> {
+    let name = name.as_bytes();
+    let marker = PARTIAL_MARKER.as_bytes();
+    if name.first() != Some(&b'.') {
+        return None;
+    }
+    let pos = name.windows(marker.len()).rposition(|w| w == marker)?;
+    let rest = std::str::from_utf8(&name[pos + marker.len()..]).ok()?;
+    let (pid, random) = rest.split_once('.')?;
+    let digits = |s: &str, hex: bool| {
+        s.bytes().all(|b| {
+            if hex {
+                b.is_ascii_hexdigit()
+            } else {
+                b.is_ascii_digit()
+            }
+        })
+    };
+    if pid.is_empty() || !digits(pid, false) || random.len() != 16 || !digits(random, true) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
 /// Removes temporaries (`.NAME.tpmcrypt-partial.PID.RANDOM`) left under
 /// `dest` by processes that no longer run. Returns how many were removed.
-pub fn clean_partials(dest: &Path) -> usize {
+/// Never looks into `src` (SRC may lie inside DEST): nothing there is ours.
+pub fn clean_partials(dest: &Path, src: &Path) -> usize {
     let me = std::process::id() as i32;
     let mut removed = 0;
     let mut stack = vec![dest.to_path_buf()];
@@ -81,16 +112,12 @@ pub fn clean_partials(dest: &Path) -> usize {
         for entry in entries.flatten() {
             let Ok(ft) = entry.file_type() else { continue };
             if ft.is_dir() {
-                stack.push(entry.path());
+                if entry.path() != src {
+                    stack.push(entry.path());
+                }
                 continue;
             }
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            let Some(pos) = name.find(PARTIAL_MARKER) else {
-                continue;
-            };
-            let rest = &name[pos + PARTIAL_MARKER.len()..];
-            let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
+            let Some(pid) = partial_pid(&entry.file_name()) else {
                 continue;
             };
             // Our own PID cannot own a temporary yet: it is a previous
@@ -141,12 +168,34 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         fs::create_dir(d.join("sub")).unwrap();
-        let stale = d.join(format!("sub/.x.tpmc{PARTIAL_MARKER}2147483646.00"));
-        let mine = d.join(format!(".y.tpmc{PARTIAL_MARKER}{}.00", std::process::id()));
+        let stale = d.join(format!(
+            "sub/.x.tpmc{PARTIAL_MARKER}2147483646.00000000000000ab"
+        ));
+        let mine = d.join(format!(
+            ".y.tpmc{PARTIAL_MARKER}{}.0123456789abcdef",
+            std::process::id()
+        ));
         fs::write(&stale, b"x").unwrap();
         fs::write(&mine, b"x").unwrap();
         fs::write(d.join("keep.tpmc"), b"x").unwrap();
-        assert_eq!(clean_partials(d), 2);
+        // Ciphertexts of sources whose names contain the marker.
+        let lookalikes = [
+            format!("notes{PARTIAL_MARKER}2147483646.txt.tpmc"),
+            format!(".z{PARTIAL_MARKER}2147483646.0123456789abcdef.tpmc"),
+            format!(".z{PARTIAL_MARKER}2147483646.0123456789abcdef.v2.tpmc"),
+        ];
+        for l in &lookalikes {
+            fs::write(d.join(l), b"x").unwrap();
+        }
+        // SRC inside DEST: not ours.
+        fs::create_dir(d.join("src")).unwrap();
+        let in_src = d.join(format!("src/.w{PARTIAL_MARKER}2147483646.0123456789abcdef"));
+        fs::write(&in_src, b"x").unwrap();
+        assert_eq!(clean_partials(d, &d.join("src")), 2);
         assert!(d.join("keep.tpmc").exists());
+        assert!(in_src.exists());
+        for l in &lookalikes {
+            assert!(d.join(l).exists(), "{l}");
+        }
     }
 }

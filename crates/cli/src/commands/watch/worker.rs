@@ -7,7 +7,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use tpmcrypt_cipher::{Decryptor, Encryptor, Header, StreamOptions};
 use tracing::warn;
 
 use super::fsio::{self, Kind, OpenError, Writers};
-use super::journal::Record;
+use super::journal::{Journal, Record};
 use super::show;
 use crate::atomic::AtomicFile;
 use crate::stamp::Stamp;
@@ -59,6 +59,9 @@ pub struct Ctx {
     pub src_root: File,
     /// DEST (canonical).
     pub dest: PathBuf,
+    /// DEST's device and inode at start: a DEST removed or replaced since
+    /// is never written to (nor recreated).
+    pub dest_id: (u64, u64),
     /// Minimum age of the last modification.
     pub settle: Duration,
     /// Remove verified sources.
@@ -67,6 +70,9 @@ pub struct Ctx {
     pub session: Mutex<Arc<Session>>,
     /// Whether the "no leases" notice was logged.
     pub lease_noted: AtomicBool,
+    /// The journal (the coordinator's; a worker records a ciphertext in it
+    /// before giving it its final name).
+    pub journal: Arc<Mutex<Journal>>,
 }
 
 impl Ctx {
@@ -78,12 +84,110 @@ impl Ctx {
             .clone()
     }
 
-    /// DEST/rel.tpmc.
-    pub fn dest_path(&self, rel: &Path) -> PathBuf {
+    /// Version `n` of the ciphertext of `rel`: DEST/rel.tpmc for 1,
+    /// DEST/rel.vN.tpmc for N ≥ 2 (the names are bytes, as the source's).
+    pub fn version_path(&self, rel: &Path, n: u32) -> PathBuf {
         let mut name = self.dest.join(rel).into_os_string();
+        if n > 1 {
+            name.push(format!(".v{n}"));
+        }
         name.push(".");
         name.push(crate::files::SUFFIX);
         PathBuf::from(name)
+    }
+
+    /// Appends `rec` to the journal (None: forgets `rel`) and hands it to
+    /// the kernel. A failure is only logged: without the record a restart
+    /// adds a version rather than rewriting this one, which loses nothing.
+    fn record(&self, rel: &Path, rec: Option<Record>) {
+        let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+        let written = match rec {
+            Some(r) => j.put(rel, r),
+            None => j.remove(rel),
+        };
+        if let Err(e) = written.and_then(|()| j.flush()) {
+            warn!("{}: cannot write the journal: {e}", show(rel));
+        }
+    }
+
+    /// Fails unless DEST is still the directory the daemon started with.
+    pub fn check_dest(&self) -> anyhow::Result<()> {
+        match fs::symlink_metadata(&self.dest) {
+            Ok(m) if (m.dev(), m.ino()) == self.dest_id => Ok(()),
+            _ => bail!(
+                "{}: DEST was removed, moved or replaced (it is not recreated)",
+                super::show(&self.dest)
+            ),
+        }
+    }
+
+    /// Creates the directories of `rel` below DEST, never DEST itself, and
+    /// checks that each is a directory, not a symlink to elsewhere (which
+    /// would be followed when writing).
+    fn create_dest_dirs(&self, rel: &Path) -> anyhow::Result<()> {
+        let Some(parent) = rel.parent() else {
+            return Ok(());
+        };
+        let mut dir = self.dest.clone();
+        for part in parent.components() {
+            dir.push(part);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(
+                        anyhow::Error::from(e).context(format!("creating {}", super::show(&dir)))
+                    )
+                }
+            }
+            let kind = fs::symlink_metadata(&dir)
+                .map(|m| Kind::from_mode(m.mode()))
+                .with_context(|| super::show(&dir))?;
+            if kind != Kind::Dir {
+                bail!(
+                    "{}: a {} in DEST where a directory belongs (never followed)",
+                    super::show(&dir),
+                    kind.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the ciphertext of `job` goes, and whether it may replace what
+    /// is there. A ciphertext is replaced only when the journal says it
+    /// belongs to this source, still in SRC, and, with --delete-plaintext,
+    /// nothing is lost by replacing it: it holds exactly the version at
+    /// hand, or (made by this session) a prefix of the source as it is now,
+    /// as when a log was appended to. Any other existing ciphertext may be
+    /// the only copy of a plaintext that is gone (a source overwritten
+    /// after it was encrypted, say), so the lowest free version number is
+    /// taken instead.
+    fn target(&self, job: &Job, st: &Stamp, src: &File, session: &Session) -> (u32, PathBuf, bool) {
+        let rel = &job.rel;
+        if let Some(p) = job.prev {
+            let path = self.version_path(rel, p.version);
+            if ciphertext_present(&path, &p)
+                && (!self.delete
+                    || p.same_source(st.size, st.mtime_ns, st.ino)
+                    || (job.fresh && decrypts_to_a_prefix(session, &path, src)))
+            {
+                return (p.version, path, true);
+            }
+        }
+        let taken = |path: &Path| fs::symlink_metadata(path).is_ok();
+        let first = self.version_path(rel, 1);
+        if !taken(&first) {
+            return (1, first, false);
+        }
+        let mut n = 2;
+        loop {
+            let path = self.version_path(rel, n);
+            if !taken(&path) || n == u32::MAX {
+                return (n, path, false);
+            }
+            n += 1;
+        }
     }
 }
 
@@ -93,6 +197,8 @@ pub struct Job {
     pub rel: PathBuf,
     /// What the journal says was encrypted last time.
     pub prev: Option<Record>,
+    /// Whether `prev` was recorded by this run (see [`Journal::is_fresh`]).
+    pub fresh: bool,
 }
 
 /// What happened.
@@ -144,14 +250,13 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         Err(OpenError::Io(e)) => return Err(anyhow::Error::from(e).context("cannot open")),
     };
     let st0 = Stamp::of(&file.metadata()?);
-    let dest = ctx.dest_path(&job.rel);
     // A source kept under --delete-plaintext (other hard links) is skipped
     // like any source when unchanged.
     let kept = ctx.delete && st0.nlink > 1;
     if !ctx.delete || kept {
         if let Some(prev) = job.prev {
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
-                && ciphertext_present(&dest, prev.ct_len)
+                && ciphertext_present(&ctx.version_path(&job.rel, prev.version), &prev)
             {
                 return Ok(Outcome::Unchanged);
             }
@@ -175,12 +280,12 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         }
         Writers::None => {}
     }
-    if let Some(parent) = dest.parent() {
-        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
+    ctx.check_dest()?;
+    ctx.create_dest_dirs(&job.rel)?;
     let session = ctx.session();
-    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, true)
-        .with_context(|| format!("creating a temporary for {}", dest.display()))?;
+    let (version, dest, replace) = ctx.target(job, &st0, &file, &session);
+    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
+        .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
     let result = {
         let w = BufWriter::with_capacity(64 << 10, out.file());
         session
@@ -193,16 +298,28 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         return Ok(Outcome::Changed);
     }
     result.context("encrypting")?;
-    let ct_len = out.file().metadata()?.len();
-    out.commit()
-        .with_context(|| format!("writing {}", dest.display()))?;
-    let done_at = Instant::now();
+    let ct = out.file().metadata()?;
     let rec = Record {
         size: st0.size,
         mtime_ns: st0.mtime_ns,
         ino: st0.ino,
-        ct_len,
+        ct_len: ct.len(),
+        version,
+        ct_ino: ct.ino(),
     };
+    // Never into a DEST recreated meanwhile (by another daemon, say).
+    ctx.check_dest()?;
+    // Recorded before the ciphertext has its name (and so before any
+    // removal of the source): after a kill -9 the next run knows whose
+    // ciphertext it is, and rewrites it rather than adding a version.
+    ctx.record(&job.rel, Some(rec));
+    if let Err(e) = out.commit() {
+        // Perhaps the name was taken meanwhile: whatever is there is not
+        // this source's.
+        ctx.record(&job.rel, None);
+        return Err(anyhow::Error::from(e).context(format!("writing {}", show(&dest))));
+    }
+    let done_at = Instant::now();
     let mut deleted = false;
     if kept {
         warn!(
@@ -212,7 +329,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
             st0.nlink
         );
     } else if ctx.delete {
-        verify(&session, &dest, &file).with_context(|| format!("verifying {}", dest.display()))?;
+        verify(&session, &dest, &file).with_context(|| format!("verifying {}", show(&dest)))?;
         let Some(name) = job.rel.file_name() else {
             bail!("no file name");
         };
@@ -229,12 +346,57 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     })
 }
 
-/// Whether DEST holds a ciphertext of the expected size (never following a
-/// symlink there either).
-pub fn ciphertext_present(dest: &Path, ct_len: u64) -> bool {
-    fs::symlink_metadata(dest)
-        .map(|m| m.is_file() && m.len() == ct_len)
+/// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
+/// file (a symlink there is never followed) of its size and, when known,
+/// its inode.
+pub fn ciphertext_present(path: &Path, rec: &Record) -> bool {
+    fs::symlink_metadata(path)
+        .map(|m| m.is_file() && m.len() == rec.ct_len && (rec.ct_ino == 0 || m.ino() == rec.ct_ino))
         .unwrap_or(false)
+}
+
+/// A `Write` that compares what it is given with a file, from its start,
+/// and fails at the first difference or past the file's end.
+struct PrefixCheck<'a> {
+    file: &'a File,
+    off: u64,
+    buf: Vec<u8>,
+}
+
+impl Write for PrefixCheck<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.resize(data.len(), 0);
+        self.file.read_exact_at(&mut self.buf, self.off)?;
+        if self.buf != data {
+            return Err(io::Error::other("differs"));
+        }
+        self.off += data.len() as u64;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether the ciphertext at `ct` decrypts, with this session's key, to
+/// the first bytes of `src` (false for another session's ciphertext).
+fn decrypts_to_a_prefix(session: &Session, ct: &Path, src: &File) -> bool {
+    let Ok(ct) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(ct)
+    else {
+        return false;
+    };
+    let mut check = PrefixCheck {
+        file: src,
+        off: 0,
+        buf: Vec::new(),
+    };
+    session
+        .verifier
+        .decrypt_file(&ct, &mut check, &StreamOptions::sequential())
+        .is_ok()
 }
 
 /// A `Write` that only hashes.
