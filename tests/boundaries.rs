@@ -1045,3 +1045,32 @@ fn an_io_cause_is_printed_once_and_a_silent_agent_is_named() {
     let _ = silent.wait();
     common::assert_error_line(&r, 1, None, &["not answering"], "silent agent");
 }
+
+#[test]
+fn encrypt_in_place_never_locks_a_private_key_away_with_itself() {
+    let dir = scratch();
+    let d = dir.path();
+    let home = d.join("home");
+    fs::create_dir(&home).unwrap();
+    let rec = recovery(&home, "recovery.key");
+    tools_key(&home);
+    fs::write(home.join("notes"), b"notes").unwrap();
+    let identity = fs::read(home.join("recovery.key")).unwrap();
+    let keyfile = fs::read(home.join("tools.pem")).unwrap();
+    let r = common::run(d, &["encrypt", "-R", &rec, "-r", "--in-place", "home"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("is a tpmcrypt recovery identity: --in-place would remove it")
+            && r.stderr.contains("is a TPM key file"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fs::read(home.join("recovery.key")).unwrap(), identity);
+    assert_eq!(fs::read(home.join("tools.pem")).unwrap(), keyfile);
+    assert!(home.join("notes.tpmc").exists() && !home.join("notes").exists());
+    // A copy, without --in-place, is the user's to make.
+    let r = common::run(d, &["encrypt", "-R", &rec, "home/recovery.key"]);
+    assert_ok(&r, "encrypt a copy of the identity");
+    assert_eq!(fs::read(home.join("recovery.key")).unwrap(), identity);
+}

@@ -279,6 +279,24 @@ fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
     }
 }
 
+/// What kind of private key `file` is, if it is one tpmcrypt decrypts
+/// with (a TPM key file, a recovery identity): an `--in-place` encryption
+/// of it to itself could never be undone.
+fn private_key_kind(file: &File) -> Option<&'static str> {
+    use std::os::unix::fs::FileExt as _;
+    let mut head = [0u8; 1024];
+    let n = file.read_at(&mut head, 0).ok()?;
+    let head = &head[..n];
+    let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
+    if head.starts_with(b"-----BEGIN TSS2 PRIVATE KEY-----") {
+        Some("a TPM key file (TSS2 PRIVATE KEY)")
+    } else if has(b"# recipient: tpmcrypt-recovery:") && has(b"PRIVATE KEY-----") {
+        Some("a tpmcrypt recovery identity")
+    } else {
+        None
+    }
+}
+
 /// Whether `path` begins with the tpmcrypt magic bytes.
 fn starts_with_magic(path: &Path) -> io::Result<bool> {
     use std::io::Read as _;
@@ -537,6 +555,14 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
                 // Removing one name would leave the plaintext under the others.
                 return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
+            }
+            if opts.in_place && opts.output_kind == Holds::Ciphertext {
+                if let Some(what) = private_key_kind(&file) {
+                    return Err(usage(format!(
+                        "is {what}: --in-place would remove it, and it may be the key \
+                         needed to open its own ciphertext; encrypt a copy without --in-place"
+                    )));
+                }
             }
             let size = meta.is_file().then_some(meta.len());
             let stamp = meta.is_file().then(|| Stamp::of(&meta));
