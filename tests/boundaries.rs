@@ -1074,3 +1074,23 @@ fn encrypt_in_place_never_locks_a_private_key_away_with_itself() {
     assert_ok(&r, "encrypt a copy of the identity");
     assert_eq!(fs::read(home.join("recovery.key")).unwrap(), identity);
 }
+
+#[test]
+fn key_commands_report_a_closed_stdout() {
+    let dir = scratch();
+    let d = dir.path();
+    assert_ok(
+        &common::run(d, &["--simulator", "key", "create", "k"]),
+        "create",
+    );
+    for args in ["key list", "key list --json", "key show k", "key export k"] {
+        let out = common::wrapper(d, "sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" {args} >&-"))
+            .arg(common::bin())
+            .output()
+            .expect("sh");
+        let r: Run = out.into();
+        common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
+    }
+}

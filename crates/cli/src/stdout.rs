@@ -72,6 +72,15 @@ pub fn write_all(bytes: &[u8]) -> anyhow::Result<()> {
         .map_err(|e| anyhow::Error::new(WriteFailed(e)).context(LABEL))
 }
 
+/// Writes one line of text to standard output (for the commands that
+/// print a few lines: `key list`, `key show`, …).
+pub fn line(text: &str) -> anyhow::Result<()> {
+    let mut bytes = Vec::with_capacity(text.len() + 1);
+    bytes.extend_from_slice(text.as_bytes());
+    bytes.push(b'\n');
+    write_all(&bytes)
+}
+
 /// Whether `err` is a write to standard output whose reader went away.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     // Through every context layer, as anyhow looks for a context type.

@@ -157,7 +157,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 })
                 .with_context(|| file.display().to_string())?;
             let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-            println!("imported {name} ({}), fingerprint {fp}", meta.alg);
+            crate::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
             for other in store.list()?.iter().filter(|n| **n != name) {
                 if describe(&store, other).is_ok_and(|k| k.fingerprint == fp) {
                     eprintln!(
@@ -171,26 +171,35 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
         KeyCommand::List { json } => list(&store, *json),
         KeyCommand::Show { name } => {
             let info = describe(&store, name)?;
-            println!("name:        {}", info.name);
-            println!("algorithm:   {}", info.alg);
-            println!("fingerprint: {}", info.fingerprint);
-            println!("pcrs:        {}", info.pcrs.as_deref().unwrap_or("none"));
-            println!("pin:         {}", if info.pin { "yes" } else { "no" });
-            println!("created:     unix time {}", info.created);
-            println!("tpm:         {}", info.tpm.as_deref().unwrap_or("unknown"));
-            println!(
+            crate::stdout::line(&format!("name:        {}", info.name))?;
+            crate::stdout::line(&format!("algorithm:   {}", info.alg))?;
+            crate::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
+            crate::stdout::line(&format!(
+                "pcrs:        {}",
+                info.pcrs.as_deref().unwrap_or("none")
+            ))?;
+            crate::stdout::line(&format!(
+                "pin:         {}",
+                if info.pin { "yes" } else { "no" }
+            ))?;
+            crate::stdout::line(&format!("created:     unix time {}", info.created))?;
+            crate::stdout::line(&format!(
+                "tpm:         {}",
+                info.tpm.as_deref().unwrap_or("unknown")
+            ))?;
+            crate::stdout::line(&format!(
                 "simulator:   {}",
                 if info.simulator {
                     "yes (NOT secure)"
                 } else {
                     "no"
                 }
-            );
+            ))?;
             for r in &info.recovery {
-                println!("recovery:    {r}");
+                crate::stdout::line(&format!("recovery:    {r}"))?;
             }
-            println!("key file:    {}", store.key_path(name).display());
-            println!("public key:  {}", store.pub_path(name).display());
+            crate::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
+            crate::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
             Ok(crate::exit::OK)
         }
         KeyCommand::Export { name } => {
@@ -213,7 +222,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 return Ok(crate::exit::OTHER);
             }
             store.delete(name)?;
-            println!("deleted {name}");
+            crate::stdout::line(&format!("deleted {name}"))?;
             Ok(crate::exit::OK)
         }
     }
@@ -346,7 +355,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     meta.recovery = recovery;
     store.save(&args.name, &blob, &meta, args.force)?;
     let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-    println!(
+    crate::stdout::line(&format!(
         "created key {} ({}) in {:.3} s on {} {}; fingerprint {fp}",
         args.name,
         alg.as_str(),
@@ -357,8 +366,11 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         } else {
             ""
         }
-    );
-    println!("public key: {}", store.pub_path(&args.name).display());
+    ))?;
+    crate::stdout::line(&format!(
+        "public key: {}",
+        store.pub_path(&args.name).display()
+    ))?;
     if meta.recovery.is_empty() {
         eprintln!(
             "hint: without --recovery, files for this key die with this TPM; see README (Recovery)"
@@ -409,16 +421,16 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&infos)?);
+        crate::stdout::line(&format!("{}", serde_json::to_string_pretty(&infos)?))?;
     } else if infos.is_empty() {
         eprintln!("no keys in {}", store.dir().display());
     } else {
-        println!(
+        crate::stdout::line(&format!(
             "{:<20} {:<9} {:<32} {:<12} {:<4} RECOVERY",
             "NAME", "ALG", "FINGERPRINT", "PCRS", "PIN"
-        );
+        ))?;
         for k in infos {
-            println!(
+            crate::stdout::line(&format!(
                 "{:<20} {:<9} {:<32} {:<12} {:<4} {}",
                 k.name,
                 k.alg,
@@ -426,7 +438,7 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
                 k.pcrs.as_deref().unwrap_or("-"),
                 if k.pin { "yes" } else { "no" },
                 k.recovery.len()
-            );
+            ))?;
         }
     }
     Ok(crate::exit::OK)
