@@ -421,7 +421,7 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
         }
     }
     if json {
-        crate::stdout::line(&format!("{}", serde_json::to_string_pretty(&infos)?))?;
+        crate::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
     } else if infos.is_empty() {
         eprintln!("no keys in {}", store.dir().display());
     } else {
