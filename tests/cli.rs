@@ -302,6 +302,61 @@ fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// Group commit: a 2,000-file `--in-place` run makes its outputs durable by
+/// batch (one syncfs each) and syncs each directory once per batch, so its
+/// sync calls are O(batches + directories), not two per file as before;
+/// and every file round-trips.
+#[test]
+fn many_files_are_made_durable_by_batch_not_one_by_one() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let tree = d.join("tree");
+    const N: usize = 2000;
+    for sub in ["a", "b"] {
+        fs::create_dir_all(tree.join(sub)).unwrap();
+    }
+    for i in 0..N {
+        let sub = if i % 2 == 0 { "a" } else { "b" };
+        fs::write(tree.join(format!("{sub}/f{i:04}")), bytes(4096, i as u64)).unwrap();
+    }
+    let calls = syncs_of(d, &["encrypt", "-R", &r, "-r", "--in-place", "tree"]);
+    let count = |name: &str| {
+        calls
+            .iter()
+            .filter(|l| l.contains(&format!("{name}(")))
+            .count()
+    };
+    let (syncfs, fsync) = (count("syncfs"), count("fsync"));
+    // Batches of at most 256 files (or one second): at least 8 of them.
+    assert!(syncfs >= N / 256, "syncfs per batch: {calls:?}");
+    // Per batch: its two directories after the renames and after the
+    // removals of the originals.
+    assert!(
+        fsync <= 4 * syncfs,
+        "{fsync} fsyncs for {syncfs} batches: not O(batches + directories)"
+    );
+    assert!(
+        syncfs + fsync < N / 10,
+        "{syncfs} syncfs + {fsync} fsync for {N} files"
+    );
+    let left = common::listing(&tree.join("a"));
+    assert_eq!(left.len(), N / 2);
+    assert!(
+        left.iter().all(|n| n.ends_with(".tpmc")),
+        "{:?}",
+        &left[..3]
+    );
+    let r = run(d, &["decrypt", "-i", "id", "-r", "--in-place", "tree"]);
+    assert_ok(&r, "decrypt");
+    for i in [0, 1, 999, 1998, 1999] {
+        let sub = if i % 2 == 0 { "a" } else { "b" };
+        assert_eq!(
+            fs::read(tree.join(format!("{sub}/f{i:04}"))).unwrap(),
+            bytes(4096, i as u64)
+        );
+    }
+}
+
 /// By default an output is fsynced before and its directory after the
 /// rename; `--no-sync` renames without waiting for the disk, like cp, and
 /// is refused with `--in-place`, which removes originals.
@@ -2032,8 +2087,12 @@ fn in_place_encryption_refuses_hard_linked_files() {
     assert!(!d.join("f.tpmc").exists() && d.join("copy.tpmc").exists());
 }
 
-/// SIGKILL at random moments of `--in-place` over many files: every file is
-/// there as plaintext or as ciphertext that decrypts to it, never neither.
+/// SIGKILL at random moments of `--in-place` over many files, which are
+/// committed as one batch (synced together, renamed, then originals
+/// removed): every file is there as plaintext or as ciphertext that
+/// decrypts to it, never neither; a kill can land while outputs wait under
+/// temporary names, between the renames, or between the removals of the
+/// originals; and the next run leaves no temporary behind.
 #[test]
 fn kill_during_in_place_never_loses_a_file() {
     let (dir, r) = scratch();
@@ -2086,6 +2145,11 @@ fn kill_during_in_place_never_loses_a_file() {
         child.wait().unwrap();
 
         let mut done = 0;
+        let mut both = 0;
+        let temporaries = common::listing(&trial)
+            .iter()
+            .filter(|n| n.contains(".tpmcrypt-partial."))
+            .count();
         for (i, name) in names.iter().enumerate() {
             let original = bytes(4096, (trials * 1000 + i) as u64);
             let plain = trial.join(name);
@@ -2110,15 +2174,35 @@ fn kill_during_in_place_never_loses_a_file() {
             if (has_ct && !decrypting) || (has_plain && decrypting) {
                 done += 1;
             }
+            if has_ct && has_plain {
+                both += 1;
+            }
         }
-        // Adapt the delay so that kills land mid-run.
-        if done == FILES {
+        // Adapt the delay so that kills land mid-run: while outputs wait
+        // under temporary names, between renames (an output beside its
+        // original), or between removals of originals.
+        if done == FILES && both == 0 && temporaries == 0 {
             delay.finished();
-        } else if done == 0 {
+        } else if done == 0 && both == 0 && temporaries == 0 {
             delay.not_begun();
         } else {
             interrupted += 1;
         }
+        // The next run cleans up what the killed one left.
+        let again: Vec<&str> = if decrypting {
+            vec!["decrypt", "-i", "../id", "--in-place", "-r", "-q", "."]
+        } else {
+            vec!["encrypt", "-R", &r, "--in-place", "-r", "-q", "."]
+        };
+        let _ = run(&trial, &again);
+        let left: Vec<String> = common::listing(&trial)
+            .into_iter()
+            .filter(|n| n.contains(".tpmcrypt-partial."))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "trial {trials}: temporaries left: {left:?}"
+        );
         fs::remove_dir_all(&trial).unwrap();
     }
     eprintln!(

@@ -187,6 +187,36 @@ impl AtomicFile {
         sync_dir(parent_dir(&self.dest))
     }
 
+    /// Gives the file its final name once its data is durable (the caller
+    /// made it so: [`AtomicFile::sync`], or a `syncfs` of its file system),
+    /// without syncing the directory: a batch syncs each directory once.
+    pub fn rename_durable(mut self) -> io::Result<()> {
+        self.rename()
+    }
+
+    /// The file system of the file, as `syncfs` takes it.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
+    }
+
+    /// The final name.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// The device of the file system the file is on (0 if unknown).
+    pub fn file_dev(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map(|m| m.dev()).unwrap_or(0)
+    }
+
+    /// Records that the data was made durable by other means (a `syncfs`
+    /// of its file system that reported no error).
+    pub fn mark_synced(&mut self) {
+        self.synced = true;
+    }
+
     /// Gives the file its final name without waiting for the disk, as `cp`
     /// does (`--no-sync`). A crash cannot leave a partial file under the
     /// final name, but a power failure soon after may: the kernel can
@@ -287,12 +317,6 @@ pub fn parent_dir(path: &Path) -> &Path {
 /// fsyncs a directory so that a rename or unlink in it is durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
-}
-
-/// Removes a file and makes the removal durable.
-pub fn remove_durably(path: &Path) -> io::Result<()> {
-    fs::remove_file(path)?;
-    sync_dir(parent_dir(path))
 }
 
 fn cstring(path: &Path) -> io::Result<CString> {

@@ -15,6 +15,7 @@ use tpmcrypt_cipher::StreamOptions;
 
 use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile};
+use crate::batch::{self, Batch, CommitError, Original, Pending};
 use crate::exit::{self, usage};
 use crate::stamp::Stamp;
 
@@ -340,6 +341,8 @@ pub struct RunOptions {
     pub refuse_tty_output: bool,
     /// What the outputs hold: ciphertext when encrypting.
     pub output_kind: Holds,
+    /// Bounds of a group commit (see [`crate::batch`]).
+    pub batch: batch::Limits,
 }
 
 /// What a run's outputs hold.
@@ -466,29 +469,106 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     // next run to clean it up, as after kill -9.
     let _ = atomic::remove_temporaries_on_interrupt();
     let mut summary = Summary::default();
-    for task in tasks {
-        match run_one(task, opts, transform) {
-            Ok(n) => {
+    let mut batch = Batch::new(opts.batch);
+    for (i, task) in tasks.iter().enumerate() {
+        // An input that may block (a FIFO, stdin, a device) must not hold
+        // back outputs that are complete already.
+        if !batch.is_empty() && !is_regular_input(&task.source) {
+            commit(&mut batch, tasks, opts, &mut summary);
+        }
+        match run_one(i, task, opts, transform) {
+            Ok(Done::Finished(n)) => {
                 summary.ok += 1;
                 summary.bytes += n;
+            }
+            Ok(Done::Pending(p)) => {
+                if batch.push(p) {
+                    commit(&mut batch, tasks, opts, &mut summary);
+                }
             }
             // Standard output is the only output of such a run.
             Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
                 crate::stdout::end_by_sigpipe()
             }
-            Err(err) => {
-                let code = exit::code_for(&err);
+            Err(err) => report(&mut summary, &task.label(), &err),
+        }
+    }
+    commit(&mut batch, tasks, opts, &mut summary);
+    summary
+}
+
+/// Commits a batch (see [`crate::batch`]) and counts its outcomes.
+fn commit(
+    batch: &mut Batch<(usize, u64)>,
+    tasks: &[Task],
+    opts: &RunOptions,
+    summary: &mut Summary,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    for ((i, n), r) in batch.commit() {
+        let task = &tasks[i];
+        match r {
+            Ok(()) => {
+                summary.ok += 1;
+                summary.bytes += n;
+            }
+            Err(e) => {
+                let Sink::File(dest) = &task.sink else {
+                    continue;
+                };
+                let err = match e {
+                    // The output is durable; only the original was kept.
+                    CommitError::Original(e) => e,
+                    e @ CommitError::Rename(_) if is_exists(&e) => anyhow::Error::new(e),
+                    e => anyhow::Error::new(e).context(WriteError {
+                        output: shown(dest),
+                        input: task.label(),
+                        kind: opts.output_kind,
+                    }),
+                };
                 let label = match err.downcast_ref::<WriteError>() {
                     Some(w) => w.output.clone(),
                     None => task.label(),
                 };
-                eprintln!("error: {}: {}", printable(&label), one_line(&err));
-                summary.failed += 1;
-                summary.first_code.get_or_insert(code);
+                report_labelled(summary, &label, &err);
             }
         }
     }
-    summary
+}
+
+fn is_regular_input(source: &Source) -> bool {
+    match source {
+        Source::Stdin => false,
+        Source::File(p) => fs::metadata(p).is_ok_and(|m| m.is_file()),
+    }
+}
+
+fn is_exists(e: &CommitError) -> bool {
+    matches!(e, CommitError::Rename(io) if io.kind() == io::ErrorKind::AlreadyExists)
+}
+
+fn report(summary: &mut Summary, task_label: &str, err: &anyhow::Error) {
+    let label = match err.downcast_ref::<WriteError>() {
+        Some(w) => w.output.clone(),
+        None => task_label.to_string(),
+    };
+    report_labelled(summary, &label, err);
+}
+
+fn report_labelled(summary: &mut Summary, label: &str, err: &anyhow::Error) {
+    let code = exit::code_for(err);
+    eprintln!("error: {}: {}", printable(label), one_line(err));
+    summary.failed += 1;
+    summary.first_code.get_or_insert(code);
+}
+
+/// What [`run_one`] left: a finished task, or an output waiting for its
+/// batch to commit.
+enum Done {
+    Finished(u64),
+    Pending(Pending<(usize, u64)>),
 }
 
 /// A path as it may stand in one line on a terminal: as [`printable`], and
@@ -532,7 +612,12 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
     Ok(File::from(fd.try_clone_to_owned()?))
 }
 
-fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow::Result<u64> {
+fn run_one(
+    index: usize,
+    task: &Task,
+    opts: &RunOptions,
+    transform: &Transform<'_>,
+) -> anyhow::Result<Done> {
     let (mut input, size, mode, stamp, owner) = match &task.source {
         Source::Stdin => (
             stdio_file(io::stdin().as_fd())?,
@@ -675,15 +760,28 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
             } else {
                 transform_into(out.file(), &shown(dest), DISCARDED)?
             };
-            if durable {
-                // Delayed allocation can report a full disk only here.
-                out.sync()
-                    .map_err(|e| anyhow::Error::new(e).context(write_error(&shown(dest))))?;
-                out.commit()
-            } else {
-                out.commit_unsynced()
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
             }
-            .map_err(|e| {
+            if durable {
+                // Made durable, renamed, and its original removed with the
+                // rest of its batch.
+                let original = match (&task.source, stamp, opts.in_place) {
+                    (Source::File(src), Some(stamp), true) => Some(Original {
+                        path: src.clone(),
+                        file: input,
+                        stamp,
+                    }),
+                    _ => None,
+                };
+                return Ok(Done::Pending(Pending {
+                    tag: (index, n),
+                    out,
+                    bytes: n,
+                    original,
+                }));
+            }
+            out.commit_unsynced().map_err(|e| {
                 if e.kind() == io::ErrorKind::AlreadyExists {
                     // Another run took the name first: as when it existed.
                     anyhow::Error::new(e)
@@ -692,18 +790,13 @@ fn run_one(task: &Task, opts: &RunOptions, transform: &Transform<'_>) -> anyhow:
                     anyhow::Error::new(e).context(write_error(&shown(dest)))
                 }
             })?;
-            if opts.in_place {
-                if let (Source::File(src), Some(st0)) = (&task.source, &stamp) {
-                    remove_original(src, &input, st0)?;
-                }
-            }
-            n
+            return Ok(Done::Finished(n));
         }
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok(n)
+    Ok(Done::Finished(n))
 }
 
 /// Opens an input; for `--in-place`, never through a symlink (one swapped in
@@ -722,18 +815,6 @@ fn open_input(path: &Path, in_place: bool) -> anyhow::Result<File> {
             e.into()
         }
     })
-}
-
-/// Removes an `--in-place` original once its output is durable, but only
-/// while it is still the file that was read: unchanged through the open
-/// file, and still under its name (an editor that saved a new version by
-/// renaming it into place keeps that version).
-fn remove_original(path: &Path, file: &File, st0: &Stamp) -> anyhow::Result<()> {
-    let named = fs::symlink_metadata(path).context("removing the original")?;
-    if Stamp::of(&file.metadata()?) != *st0 || named.dev() != st0.dev || named.ino() != st0.ino {
-        return Err(OriginalChanged.into());
-    }
-    atomic::remove_durably(path).context("removing the original")
 }
 
 /// An existing output that is neither a regular file nor a directory

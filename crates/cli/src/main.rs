@@ -3,6 +3,7 @@
 
 mod args;
 mod atomic;
+mod batch;
 mod commands;
 mod exit;
 mod files;

@@ -32,6 +32,7 @@ fn run_options(
         progress: !ui.quiet,
         refuse_tty_output,
         output_kind,
+        batch: crate::batch::Limits::default(),
     }
 }
 

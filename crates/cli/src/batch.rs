@@ -1,0 +1,350 @@
+//! Group commit: durability is a property of a batch of outputs, not of
+//! each file. The outputs of a batch wait, complete, under their temporary
+//! names; then
+//! 1. their data is made durable together: one `syncfs` per file system
+//!    (a batch of one file is `fsync`ed instead, so one large file does not
+//!    wait for everything else on its file system);
+//! 2. each is renamed to its final name (never over a file that appeared
+//!    meanwhile, unless `--force`);
+//! 3. each directory that received one is fsynced, once;
+//! 4. only then, for `--in-place`, each original still as it was read is
+//!    removed, and each directory that lost one is fsynced, once.
+//!
+//! So the guarantees of one file at a time hold: an original is removed
+//! only after its ciphertext is durable under its final name, and a crash
+//! at any moment leaves each file as its original or as a complete output
+//! (or both), never neither. What changes is the count of disk waits: a
+//! few per batch and directory instead of two per file.
+//!
+//! A batch is bounded ([`Limits`]) so that open files, dirty memory and the
+//! work a crash would redo stay small.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::atomic::{self, AtomicFile};
+use crate::stamp::Stamp;
+
+/// Bounds of one batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Outputs (each holds an open file).
+    pub files: usize,
+    /// Bytes written (dirty page cache a crash could lose).
+    pub bytes: u64,
+    /// Time since the batch's first output.
+    pub age: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            files: 256,
+            bytes: 256 << 20,
+            age: Duration::from_secs(1),
+        }
+    }
+}
+
+/// An original to remove once its output is durable (`--in-place`).
+pub struct Original {
+    /// Its path.
+    pub path: PathBuf,
+    /// The open input, to check it is still the file that was read.
+    pub file: File,
+    /// How it was before the read.
+    pub stamp: Stamp,
+}
+
+/// A complete output waiting for its batch to commit.
+pub struct Pending<T> {
+    /// The caller's tag (the task).
+    pub tag: T,
+    /// The output under its temporary name.
+    pub out: AtomicFile,
+    /// Bytes it holds (for the batch's byte bound).
+    pub bytes: u64,
+    /// The original to remove after commit, if any.
+    pub original: Option<Original>,
+}
+
+/// Why a pending output did not make it.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    // The causes are in the messages, not `source`s: a chain printed whole
+    // would show them twice.
+    /// Making the data durable failed (a full disk seen at write-back).
+    #[error("cannot make the output durable: {0}")]
+    Sync(io::Error),
+    /// The rename to the final name failed (it exists now, …).
+    #[error("{0}")]
+    Rename(io::Error),
+    /// The directory holding the final name could not be made durable.
+    #[error("cannot make the directory {0} durable: {1}")]
+    Directory(String, io::Error),
+    /// The output is in place, but removing the original failed or it
+    /// changed: it is kept.
+    #[error("{0:#}")]
+    Original(anyhow::Error),
+}
+
+/// Outputs collected until a bound is reached.
+pub struct Batch<T> {
+    limits: Limits,
+    pending: Vec<Pending<T>>,
+    bytes: u64,
+    since: Option<Instant>,
+}
+
+impl<T> Batch<T> {
+    /// An empty batch.
+    pub fn new(limits: Limits) -> Self {
+        Batch {
+            limits,
+            pending: Vec::new(),
+            bytes: 0,
+            since: None,
+        }
+    }
+
+    /// Adds an output; true when the batch should now be committed.
+    pub fn push(&mut self, p: Pending<T>) -> bool {
+        self.bytes += p.bytes;
+        self.since.get_or_insert_with(Instant::now);
+        self.pending.push(p);
+        self.pending.len() >= self.limits.files
+            || self.bytes >= self.limits.bytes
+            || self.since.is_some_and(|t| t.elapsed() >= self.limits.age)
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Commits every waiting output (steps 1-4 above) and returns each
+    /// tag with its outcome, in the order they were pushed.
+    pub fn commit(&mut self) -> Vec<(T, Result<(), CommitError>)> {
+        let pending = std::mem::take(&mut self.pending);
+        self.bytes = 0;
+        self.since = None;
+        commit(pending)
+    }
+}
+
+fn commit<T>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)> {
+    let synced = make_durable(pending);
+    // Step 2: renames; step 3: each directory that received an output.
+    let mut renamed = Vec::with_capacity(synced.len());
+    for (p, r) in synced {
+        let Pending {
+            tag, out, original, ..
+        } = p;
+        let dir = atomic::parent_dir(out.dest()).to_path_buf();
+        let r = r.and_then(|()| out.rename_durable().map_err(CommitError::Rename));
+        renamed.push((tag, r, dir, original));
+    }
+    let dirs: BTreeSet<PathBuf> = renamed
+        .iter()
+        .filter(|(_, r, _, _)| r.is_ok())
+        .map(|(_, _, d, _)| d.clone())
+        .collect();
+    let failed_dirs = sync_dirs(&dirs);
+    // Step 4: originals, only behind a durable output.
+    let mut removed_from = BTreeSet::new();
+    let mut out = Vec::with_capacity(renamed.len());
+    for (tag, r, dir, original) in renamed {
+        let r = r.and_then(|()| match failed_dirs.iter().find(|(d, _)| *d == dir) {
+            Some((d, e)) => Err(CommitError::Directory(
+                crate::files::shown(d),
+                io::Error::new(e.kind(), e.to_string()),
+            )),
+            None => Ok(()),
+        });
+        let r = match (r, original) {
+            (Ok(()), Some(o)) => {
+                let gone = remove_original(&o);
+                if gone.is_ok() {
+                    removed_from.insert(atomic::parent_dir(&o.path).to_path_buf());
+                }
+                gone.map_err(CommitError::Original)
+            }
+            (r, _) => r,
+        };
+        out.push((tag, r));
+    }
+    // A removal that is not yet durable loses nothing (the output is), so
+    // a failure here is only reported.
+    for (dir, e) in sync_dirs(&removed_from) {
+        eprintln!(
+            "warning: {}: the removal of originals may not be durable yet: {e}",
+            crate::files::shown(&dir)
+        );
+    }
+    out
+}
+
+type Synced<T> = Vec<(Pending<T>, Result<(), CommitError>)>;
+
+/// Step 1. One `syncfs` per file system; a batch of one is `fsync`ed. When
+/// a `syncfs` reports a write-back error, each file of that file system is
+/// `fsync`ed to learn whose it is (the others then pass at no cost).
+fn make_durable<T>(mut pending: Vec<Pending<T>>) -> Synced<T> {
+    if pending.len() == 1 {
+        let mut p = pending.remove(0);
+        let r = p.out.sync().map_err(CommitError::Sync);
+        return vec![(p, r)];
+    }
+    let mut devices: Vec<(u64, Result<(), io::Error>)> = Vec::new();
+    for p in &pending {
+        let dev = p.out.file_dev();
+        if devices.iter().any(|(d, _)| *d == dev) {
+            continue;
+        }
+        // SAFETY: syncfs on a valid open descriptor.
+        let rc = unsafe { libc::syncfs(p.out.fd().as_raw_fd()) };
+        let r = if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        };
+        devices.push((dev, r));
+    }
+    pending
+        .into_iter()
+        .map(|mut p| {
+            let dev = p.out.file_dev();
+            let fs_ok = devices.iter().any(|(d, r)| *d == dev && r.is_ok());
+            let r = if fs_ok {
+                p.out.mark_synced();
+                Ok(())
+            } else {
+                p.out.sync().map_err(CommitError::Sync)
+            };
+            (p, r)
+        })
+        .collect()
+}
+
+/// fsyncs each directory once; returns those that failed.
+fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
+    dirs.iter()
+        .filter_map(|d| atomic::sync_dir(d).err().map(|e| (d.clone(), e)))
+        .collect()
+}
+
+/// Removes an `--in-place` original once its output is durable, but only
+/// while it is still the file that was read: unchanged through the open
+/// file, and still under its name (an editor that saved a new version by
+/// renaming it into place keeps that version). Not durable yet: its
+/// directory is synced with the others'.
+fn remove_original(o: &Original) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let named = std::fs::symlink_metadata(&o.path).context("removing the original")?;
+    let now = Stamp::of(&o.file.metadata()?);
+    if now != o.stamp || named.dev() != o.stamp.dev || named.ino() != o.stamp.ino {
+        return Err(crate::files::OriginalChanged.into());
+    }
+    std::fs::remove_file(&o.path).context("removing the original")
+}
+
+/// For tests: the batch's final names.
+#[cfg(test)]
+fn names<T>(b: &Batch<T>) -> Vec<&std::path::Path> {
+    b.pending.iter().map(|p| p.out.dest()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::path::Path;
+
+    fn output(dir: &Path, name: &str, data: &[u8]) -> AtomicFile {
+        use std::io::Write;
+        let mut out = AtomicFile::create(&dir.join(name), 0o644, false).unwrap();
+        out.file().write_all(data).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_batch_renames_everything_and_removes_originals_after() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        let mut batch = Batch::new(Limits {
+            files: 3,
+            bytes: u64::MAX,
+            age: Duration::from_secs(60),
+        });
+        for i in 0..3 {
+            let orig = dir.join(format!("o{i}"));
+            std::fs::write(&orig, b"plain").unwrap();
+            let file = File::open(&orig).unwrap();
+            let stamp = Stamp::of(&file.metadata().unwrap());
+            let full = batch.push(Pending {
+                tag: i,
+                out: output(dir, &format!("o{i}.tpmc"), b"cipher"),
+                bytes: 6,
+                original: Some(Original {
+                    path: orig,
+                    file,
+                    stamp,
+                }),
+            });
+            assert_eq!(full, i == 2);
+            // Nothing is in place before the commit.
+            assert!(!dir.join(format!("o{i}.tpmc")).exists());
+        }
+        assert_eq!(names(&batch).len(), 3);
+        // One original changes before the commit: it is kept.
+        std::fs::write(dir.join("o1"), b"plain, appended").unwrap();
+        let results = batch.commit();
+        assert_eq!(results.len(), 3);
+        for (i, r) in results {
+            assert!(dir.join(format!("o{i}.tpmc")).exists());
+            if i == 1 {
+                assert!(matches!(r, Err(CommitError::Original(_))), "{r:?}");
+                assert!(dir.join("o1").exists());
+            } else {
+                assert!(r.is_ok(), "{r:?}");
+                assert!(!dir.join(format!("o{i}")).exists());
+            }
+        }
+        assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn a_name_taken_meanwhile_fails_only_that_output() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        let mut batch = Batch::new(Limits::default());
+        batch.push(Pending {
+            tag: "a",
+            out: output(dir, "a.tpmc", b"x"),
+            bytes: 1,
+            original: None,
+        });
+        batch.push(Pending {
+            tag: "b",
+            out: output(dir, "b.tpmc", b"y"),
+            bytes: 1,
+            original: None,
+        });
+        std::fs::write(dir.join("b.tpmc"), b"someone else's").unwrap();
+        let results = batch.commit();
+        assert!(results[0].1.is_ok());
+        assert!(matches!(results[1].1, Err(CommitError::Rename(_))));
+        assert_eq!(
+            std::fs::read(dir.join("b.tpmc")).unwrap(),
+            b"someone else's"
+        );
+        // No temporary is left behind.
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+        assert_eq!(left.len(), 2);
+    }
+}
