@@ -1207,9 +1207,11 @@ fn tpm_going_away_mid_run() {
     // SAFETY: a valid path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
 
+    // One file at a time (-j 1), so that the TPM goes away between files
+    // (with workers, f2 and f3 would be done before the FIFO is fed).
     let mut child = tpmcrypt(d)
         .args([
-            "--tpm", &tcti, "decrypt", "f0.tpmc", "f1.tpmc", "f2.tpmc", "f3.tpmc",
+            "--tpm", &tcti, "decrypt", "-j", "1", "f0.tpmc", "f1.tpmc", "f2.tpmc", "f3.tpmc",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

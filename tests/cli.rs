@@ -2301,3 +2301,48 @@ fn usage_errors_and_help() {
         .unwrap()
         .starts_with("tpmcrypt "));
 }
+
+/// Many small files run on several workers at once, but their error lines
+/// come in the order of the files, one per file, every time.
+#[test]
+fn files_in_parallel_report_in_order() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let tree = d.join("tree");
+    fs::create_dir(&tree).unwrap();
+    for i in 0..300 {
+        fs::write(tree.join(format!("f{i:03}")), bytes(2000 + i, i as u64)).unwrap();
+    }
+    for round in 0..3 {
+        let taken = [40 + round, 150 + round, 260 + round];
+        for i in taken {
+            fs::write(tree.join(format!("f{i:03}.tpmc")), b"taken").unwrap();
+        }
+        let mut args = vec!["encrypt", "-R", &r, "-j", "2", "-q"];
+        let names: Vec<String> = (0..300).map(|i| format!("tree/f{i:03}")).collect();
+        args.extend(names.iter().map(String::as_str));
+        for i in 0..300 {
+            let _ = fs::remove_file(tree.join(format!("f{i:03}.tpmc")));
+        }
+        for i in taken {
+            fs::write(tree.join(format!("f{i:03}.tpmc")), b"taken").unwrap();
+        }
+        let res = run(d, &args);
+        assert_eq!(res.code, 1, "{}", res.stderr);
+        let lines: Vec<&str> = res.stderr.lines().collect();
+        let want: Vec<String> = taken
+            .iter()
+            .map(|i| format!("error: tree/f{i:03}: creating tree/f{i:03}.tpmc: tree/f{i:03}.tpmc already exists"))
+            .collect();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        for (line, want) in lines.iter().zip(&want) {
+            assert!(
+                line.starts_with(want.as_str()),
+                "round {round}: {line:?}, want {want:?}"
+            );
+        }
+        for i in (0..300).filter(|i| !taken.contains(i)) {
+            assert!(tree.join(format!("f{i:03}.tpmc")).exists(), "f{i:03}");
+        }
+    }
+}

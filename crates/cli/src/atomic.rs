@@ -379,38 +379,58 @@ fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     }
 }
 
-/// Removes temporaries left by crashed runs for `dest` (same directory,
-/// `.NAME.tpmcrypt-partial.PID.*` whose PID is no longer alive). Returns how
-/// many were removed.
-pub fn clean_stale_partials(dest: &Path) -> usize {
-    let Some(name) = dest.file_name() else {
-        return 0;
-    };
-    let prefix = partial_prefix(name);
-    let Ok(entries) = fs::read_dir(parent_dir(dest)) else {
+/// Removes the temporaries crashed runs left in `dest`'s directory (of
+/// processes no longer alive), at most once per directory and process: a
+/// run over 2,000 files in one directory lists it once, not once per
+/// output (which cost O(n²)). Returns how many were removed.
+/// Only names of the exact form tpmcrypt gives its temporaries
+/// (`.NAME.tpmcrypt-partial.PID.` and 16 hex digits) of dead processes go.
+pub fn clean_stale_partials_once(dest: &Path) -> usize {
+    use std::collections::HashSet;
+    use std::sync::OnceLock;
+    static CLEANED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    let dir = parent_dir(dest).to_path_buf();
+    {
+        let mut cleaned = CLEANED
+            .get_or_init(|| Mutex::new(HashSet::new()))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !cleaned.insert(dir.clone()) {
+            return 0;
+        }
+    }
+    let Ok(entries) = fs::read_dir(&dir) else {
         return 0;
     };
     let mut removed = 0;
     for entry in entries.flatten() {
-        let fname = entry.file_name();
-        let Some(rest) = fname.as_bytes().strip_prefix(prefix.as_bytes()) else {
+        let name = entry.file_name();
+        let Some(pid) = stale_temporary_pid(name.as_bytes()) else {
             continue;
         };
-        let pid = rest.split(|&b| b == b'.').next().unwrap_or_default();
-        let Some(pid) = std::str::from_utf8(pid)
-            .ok()
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if pid_alive(pid) {
-            continue;
-        }
-        if fs::remove_file(entry.path()).is_ok() {
+        if !pid_alive(pid) && fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// The PID in a name of the exact form of a temporary, if it is one.
+fn stale_temporary_pid(name: &[u8]) -> Option<i32> {
+    let marker = PARTIAL_MARKER.as_bytes();
+    if !name.starts_with(b".") {
+        return None;
+    }
+    let at = name.windows(marker.len()).rposition(|w| w == marker)?;
+    let rest = &name[at + marker.len()..];
+    let dot = rest.iter().position(|&b| b == b'.')?;
+    let (pid, hex) = (&rest[..dot], &rest[dot + 1..]);
+    let ok = !pid.is_empty()
+        && pid.iter().all(u8::is_ascii_digit)
+        && hex.len() == 16
+        && hex.iter().all(u8::is_ascii_hexdigit);
+    ok.then(|| std::str::from_utf8(pid).ok()?.parse().ok())
+        .flatten()
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -443,10 +463,7 @@ mod tests {
             // A stale temporary of that output (a dead PID) is recognised.
             let mut stale = partial_prefix(dest.file_name().unwrap());
             stale.push("2147483646.0000000000000000");
-            let stale = dir.path().join(stale);
-            fs::write(&stale, b"x").unwrap();
-            assert_eq!(clean_stale_partials(&dest), 1);
-            assert!(!stale.exists());
+            assert!(stale_temporary_pid(stale.as_bytes()) == Some(2147483646));
         }
     }
 
@@ -467,10 +484,10 @@ mod tests {
             .starts_with(b".caf\xe9.tpmcrypt-partial."));
         drop(f);
         let mut stale = partial_prefix(e9.file_name().unwrap());
-        stale.push("2147483646.00");
+        stale.push("2147483646.00000000000000ff");
         fs::write(dir.path().join(&stale), b"x").unwrap();
-        assert_eq!(clean_stale_partials(&e8), 0);
-        assert_eq!(clean_stale_partials(&e9), 1);
+        assert_eq!(clean_stale_partials_once(&e8), 1);
+        assert!(!dir.path().join(&stale).exists());
         // Shortened names stay within the limit and keep whole characters.
         let long = OsString::from("é".repeat(127));
         let p = partial_prefix(&long);
@@ -538,19 +555,48 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_is_cleaned_once_and_only_of_exact_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f.tpmc");
+        let dead = format!(".f.tpmc{PARTIAL_MARKER}2147483646.0123456789abcdef");
+        let other = format!(".g{PARTIAL_MARKER}2147483646.0123456789abcdef");
+        let lookalike = format!(".h{PARTIAL_MARKER}2147483646.notatemporary");
+        let live = format!(
+            ".f.tpmc{PARTIAL_MARKER}{}.0123456789abcdef",
+            std::process::id()
+        );
+        for n in [&dead, &other, &lookalike, &live] {
+            fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        assert_eq!(clean_stale_partials_once(&dest), 2);
+        for (n, kept) in [
+            (&dead, false),
+            (&other, false),
+            (&lookalike, true),
+            (&live, true),
+        ] {
+            assert_eq!(dir.path().join(n).exists(), kept, "{n}");
+        }
+        // Once per directory: a new leftover waits for the next run.
+        fs::write(dir.path().join(&dead), b"x").unwrap();
+        assert_eq!(clean_stale_partials_once(&dir.path().join("g.tpmc")), 0);
+    }
+
+    #[test]
     fn stale_partials_of_dead_processes_are_cleaned() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path().join("f.tpmc");
         // PID 0x7fffffff is never alive.
-        let stale = dir
-            .path()
-            .join(format!(".f.tpmc{PARTIAL_MARKER}2147483646.00"));
-        let live = dir
-            .path()
-            .join(format!(".f.tpmc{PARTIAL_MARKER}{}.00", std::process::id()));
+        let stale = dir.path().join(format!(
+            ".f.tpmc{PARTIAL_MARKER}2147483646.0000000000000000"
+        ));
+        let live = dir.path().join(format!(
+            ".f.tpmc{PARTIAL_MARKER}{}.0000000000000000",
+            std::process::id()
+        ));
         fs::write(&stale, b"x").unwrap();
         fs::write(&live, b"x").unwrap();
-        assert_eq!(clean_stale_partials(&dest), 1);
+        assert_eq!(clean_stale_partials_once(&dest), 1);
         assert!(!stale.exists());
         assert!(live.exists());
     }

@@ -323,6 +323,7 @@ pub type Transform<'a> = dyn Fn(
     + 'a;
 
 /// Settings for [`run`].
+#[derive(Clone)]
 pub struct RunOptions {
     /// Worker threads for large inputs.
     pub jobs: usize,
@@ -468,6 +469,12 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     // Best effort: without it an interrupted run's temporary waits for the
     // next run to clean it up, as after kill -9.
     let _ = atomic::remove_temporaries_on_interrupt();
+    let files_only = tasks
+        .iter()
+        .all(|t| matches!((&t.source, &t.sink), (Source::File(_), Sink::File(_))));
+    if files_only && tasks.len() > 1 && opts.jobs > 1 {
+        return run_parallel(tasks, opts, transform);
+    }
     let mut summary = Summary::default();
     let mut batch = Batch::new(opts.batch);
     for (i, task) in tasks.iter().enumerate() {
@@ -493,6 +500,83 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
             Err(err) => report(&mut summary, &task.label(), &err),
         }
     }
+    commit(&mut batch, tasks, opts, &mut summary);
+    summary
+}
+
+/// Tasks whose results may wait, done, for an earlier one still running:
+/// bounds the open files and memory of a run over many files.
+const WINDOW: usize = 256;
+
+/// Runs file-to-file tasks on `opts.jobs` workers at once (small files are
+/// otherwise one core's work each, one after another). Results are taken
+/// in task order, so error lines, the batch and the summary are as a
+/// sequential run's; a batch whose next result is slow to come (a large
+/// file, a FIFO) is committed at its age bound rather than held back.
+fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summary {
+    use crossbeam_channel::{bounded, RecvTimeoutError};
+    use std::collections::BTreeMap;
+    let mut summary = Summary::default();
+    let mut batch = Batch::new(opts.batch);
+    // One progress bar per file would flicker over one another.
+    let worker_opts = RunOptions {
+        progress: false,
+        ..opts.clone()
+    };
+    let (work_tx, work_rx) = bounded::<usize>(tasks.len());
+    let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(WINDOW);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.min(tasks.len()) {
+            let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
+            let worker_opts = &worker_opts;
+            scope.spawn(move || {
+                for i in work_rx {
+                    let r = run_one(i, &tasks[i], worker_opts, transform);
+                    if done_tx.send((i, r)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let mut sent = 0;
+        while sent < tasks.len().min(WINDOW) {
+            let _ = work_tx.send(sent);
+            sent += 1;
+        }
+        let mut waiting = BTreeMap::new();
+        let mut next = 0;
+        while next < tasks.len() {
+            if let Some(r) = waiting.remove(&next) {
+                match r {
+                    Ok(Done::Finished(n)) => {
+                        summary.ok += 1;
+                        summary.bytes += n;
+                    }
+                    Ok(Done::Pending(p)) => {
+                        if batch.push(p) {
+                            commit(&mut batch, tasks, opts, &mut summary);
+                        }
+                    }
+                    Err(err) => report(&mut summary, &tasks[next].label(), &err),
+                }
+                next += 1;
+                if sent < tasks.len() {
+                    let _ = work_tx.send(sent);
+                    sent += 1;
+                }
+                continue;
+            }
+            match done_rx.recv_timeout(opts.batch.age) {
+                Ok((i, r)) => {
+                    waiting.insert(i, r);
+                }
+                Err(RecvTimeoutError::Timeout) => commit(&mut batch, tasks, opts, &mut summary),
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        drop(work_tx);
+    });
     commit(&mut batch, tasks, opts, &mut summary);
     summary
 }
@@ -742,7 +826,7 @@ fn run_one(
             transform_into(&mut out, &shown(dest), STREAMED)?
         }
         Sink::File(dest) => {
-            atomic::clean_stale_partials(dest);
+            atomic::clean_stale_partials_once(dest);
             let mut out = AtomicFile::create(dest, mode, opts.force)
                 .with_context(|| format!("creating {}", shown(dest)))?;
             if let Some((uid, gid)) = owner {
