@@ -1094,3 +1094,171 @@ fn key_commands_report_a_closed_stdout() {
         common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
     }
 }
+
+// ------------------------------------- found by attacking the merged build
+
+#[test]
+fn only_exact_temporaries_are_left_out_or_cleaned_up() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let t = d.join("t");
+    fs::create_dir(&t).unwrap();
+    // Names that merely contain the marker are a user's files.
+    fs::write(
+        t.join(".report.tpmcrypt-partial.4000000.backup"),
+        b"precious",
+    )
+    .unwrap();
+    fs::write(t.join("notes.tpmcrypt-partial.txt"), b"notes").unwrap();
+    fs::write(t.join("report"), b"report").unwrap();
+    let r = common::run(d, &["-v", "encrypt", "-R", &rec, "-r", "--in-place", "t"]);
+    assert_ok(&r, "encrypt -r");
+    let names = common::listing(&t);
+    assert_eq!(
+        names,
+        vec![
+            ".report.tpmcrypt-partial.4000000.backup.tpmc",
+            "notes.tpmcrypt-partial.txt.tpmc",
+            "report.tpmc"
+        ],
+        "every plaintext encrypted, none deleted"
+    );
+    let r = common::run(d, &["decrypt", "-i", "rec.key", "-r", "--in-place", "t"]);
+    assert_ok(&r, "decrypt -r");
+    assert_eq!(
+        fs::read(t.join(".report.tpmcrypt-partial.4000000.backup")).unwrap(),
+        b"precious"
+    );
+    assert_eq!(
+        fs::read(t.join("notes.tpmcrypt-partial.txt")).unwrap(),
+        b"notes"
+    );
+}
+
+#[test]
+fn a_bad_file_or_directory_in_a_tree_fails_by_itself() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let t = d.join("t");
+    fs::create_dir_all(t.join("locked")).unwrap();
+    fs::write(t.join("a"), b"a").unwrap();
+    fs::write(t.join("locked/x"), b"x").unwrap();
+    assert_ok(
+        &common::run(d, &["encrypt", "-R", &rec, "-r", "--in-place", "t"]),
+        "encrypt",
+    );
+    fs::copy(t.join("a.tpmc"), t.join(".tpmc")).unwrap();
+    common::chmod(&t.join("locked"), 0o000);
+    // As another user, so that the mode 000 counts.
+    chown(d, NOBODY);
+    for p in ["t", "t/a.tpmc", "t/.tpmc", "rec.key"] {
+        chown(&d.join(p), NOBODY);
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["decrypt", "-i", "rec.key", "-r", "--in-place", "t"])
+        .current_dir(d)
+        .env("TPMCRYPT_HOME", d.join("home"))
+        .env("TPMCRYPT_AGENT_SOCK", d.join("agent.sock"))
+        .output()
+        .expect("setpriv");
+    let r: Run = out.into();
+    chown(d, 0);
+    common::chmod(&t.join("locked"), 0o755);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{:?}", r.stderr);
+    assert!(
+        lines.iter().any(|l| l.starts_with("error: t/.tpmc: ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("error: t/locked: cannot read the directory: Permission denied")),
+        "{lines:?}"
+    );
+    assert_eq!(fs::read(t.join("a")).unwrap(), b"a", "the rest went on");
+}
+
+#[test]
+fn a_new_version_renamed_over_an_original_being_removed_is_kept() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    fs::write(d.join("f"), b"original").unwrap();
+    fs::write(d.join("f.new"), b"NEWVERSION").unwrap();
+    // strace holds the run in its first unlink, after the output is durable
+    // and the original was checked; meanwhile an editor saves a new version.
+    let child = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null"])
+        .args(["-e", "inject=unlink,unlinkat:delay_enter=1500000:when=1"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &rec, "--in-place", "f"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace");
+    std::thread::sleep(Duration::from_millis(700));
+    fs::rename(d.join("f.new"), d.join("f")).unwrap();
+    let out = child.wait_with_output().expect("wait");
+    let _ = out;
+    assert_eq!(
+        fs::read(d.join("f")).unwrap(),
+        b"NEWVERSION",
+        "the new version kept"
+    );
+    let r = common::run(d, &["decrypt", "-i", "rec.key", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt");
+    assert_eq!(r.stdout, b"original");
+}
+
+#[test]
+fn output_that_cannot_be_written_is_an_error() {
+    let dir = scratch();
+    let d = dir.path();
+    for args in ["--help", "recovery --help", "--version"] {
+        let out = common::wrapper(d, "sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" {args} >/dev/full"))
+            .arg(common::bin())
+            .output()
+            .expect("sh");
+        let r: Run = out.into();
+        assert_eq!(r.code, 1, "{args}: {}", r.stderr);
+    }
+    let out = common::wrapper(d, "sh")
+        .arg("-c")
+        .arg("exec \"$0\" recovery create --out r.key >/dev/full")
+        .arg(common::bin())
+        .output()
+        .expect("sh");
+    let r: Run = out.into();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["was not kept"],
+        "recovery create to a full stdout",
+    );
+    assert!(
+        !d.join("r.key").exists(),
+        "no identity nobody saw the recipient of"
+    );
+    assert!(common::listing(d).iter().all(|n| !n.starts_with("r.key")));
+    // A key file that is not a TPM key at all is refused as such (exit 2).
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg("openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out p256.key 2>/dev/null")
+        .current_dir(d)
+        .status()
+        .expect("openssl");
+    assert!(st.success());
+    let r = common::run(
+        d,
+        &["--simulator", "key", "import", "p256.key", "--name", "imp"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}

@@ -77,10 +77,11 @@ fn partial_prefix(name: &OsStr) -> OsString {
     OsString::from_vec(prefix)
 }
 
-/// Whether a file name is that of a temporary (`.NAME.tpmcrypt-partial.…`).
-pub fn is_partial_name(name: &[u8]) -> bool {
-    name.windows(PARTIAL_MARKER.len())
-        .any(|w| w == PARTIAL_MARKER.as_bytes())
+/// Whether a file name is of the exact form of a temporary
+/// (`.NAME.tpmcrypt-partial.PID.` and 16 hex digits): a user's file that
+/// merely contains the marker is not one.
+pub fn is_temporary_name(name: &[u8]) -> bool {
+    stale_temporary_pid(name).is_some()
 }
 
 /// An output file being written.
@@ -326,7 +327,19 @@ fn cstring(path: &Path) -> io::Result<CString> {
 
 /// rename(2) that fails if the destination exists, so two concurrent runs
 /// never both end up "writing" one output.
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+/// A fresh name of the exact temporary form for `path`, in its directory
+/// (what a crashed run leaves under it is cleaned up by the next run).
+pub fn temporary_name_for(path: &Path) -> io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let mut tmp = partial_prefix(name);
+    tmp.push(format!("{}.{:016x}", std::process::id(), random_u64()));
+    Ok(parent_dir(path).join(tmp))
+}
+
+/// Renames `from` to `to` unless `to` exists.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (cfrom, cto) = (cstring(from)?, cstring(to)?);
     // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them as
     // rename(2) would.

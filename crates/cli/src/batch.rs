@@ -299,14 +299,50 @@ pub fn max_open_outputs() -> usize {
 /// file, and still under its name (an editor that saved a new version by
 /// renaming it into place keeps that version). Not durable yet: its
 /// directory is synced with the others'.
+///
+/// The check and the removal cannot be one step, so the original is first
+/// renamed aside (to a temporary name, never over anything), checked again
+/// there, and only then unlinked: a new version renamed over the name, or
+/// bytes appended, after the first check is put back or kept, not lost.
 fn remove_original(o: &Original) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    let same = |m: &std::fs::Metadata| m.dev() == o.stamp.dev && m.ino() == o.stamp.ino;
+    let unchanged = || o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
     let named = std::fs::symlink_metadata(&o.path).context("removing the original")?;
-    let now = Stamp::of(&o.file.metadata()?);
-    if now != o.stamp || named.dev() != o.stamp.dev || named.ino() != o.stamp.ino {
+    if !unchanged() || !same(&named) {
         return Err(crate::files::OriginalChanged.into());
     }
-    std::fs::remove_file(&o.path).context("removing the original")
+    let aside = atomic::temporary_name_for(&o.path).context("removing the original")?;
+    atomic::rename_noreplace(&o.path, &aside).context("removing the original")?;
+    // The rename itself changes the ctime; everything else must be as read.
+    let unchanged_but_renamed = || {
+        o.file.metadata().is_ok_and(|m| {
+            let now = Stamp::of(&m);
+            (now.size, now.mtime_ns, now.mode, now.nlink)
+                == (o.stamp.size, o.stamp.mtime_ns, o.stamp.mode, o.stamp.nlink)
+        })
+    };
+    let moved = std::fs::symlink_metadata(&aside).context("removing the original")?;
+    if same(&moved) && unchanged_but_renamed() {
+        return std::fs::remove_file(&aside).context("removing the original");
+    }
+    // Changed or replaced between the check and the rename: put it back.
+    if atomic::rename_noreplace(&aside, &o.path).is_ok() {
+        return Err(crate::files::OriginalChanged.into());
+    }
+    // Its name was taken meanwhile: keep it under a name no clean-up of
+    // temporaries touches.
+    let mut kept = o.path.as_os_str().to_owned();
+    kept.push(format!(".kept-{}", std::process::id()));
+    let kept = PathBuf::from(kept);
+    let shown = match atomic::rename_noreplace(&aside, &kept) {
+        Ok(()) => crate::files::shown(&kept),
+        Err(_) => crate::files::shown(&aside),
+    };
+    Err(anyhow::anyhow!(
+        "changed while its original was being removed, and its name was taken meanwhile; \
+         that version is kept as {shown}"
+    ))
 }
 
 /// For tests: the batch's final names.

@@ -56,6 +56,9 @@ pub struct Task {
     pub source: Source,
     /// Output.
     pub sink: Sink,
+    /// Found by a recursive walk, which does not follow symlinks: one
+    /// swapped in for the file since is not followed either.
+    pub walked: bool,
 }
 
 impl Task {
@@ -113,6 +116,10 @@ pub struct Plan {
     pub tasks: Vec<Task>,
     /// Files met while recursing that are not inputs.
     pub skipped: Vec<Skipped>,
+    /// Files and directories met while recursing that fail by themselves
+    /// (a directory that cannot be read, a ciphertext with no name to give
+    /// its output): each is an error line, and the others go on.
+    pub failed: Vec<(PathBuf, String)>,
 }
 
 /// Plans the tasks for the given inputs and flags.
@@ -130,15 +137,17 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             tasks: vec![Task {
                 source: Source::Stdin,
                 sink,
+                walked: false,
             }],
             skipped: Vec::new(),
+            failed: Vec::new(),
         });
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
     }
     let mut sources = Vec::new();
-    let mut skipped = Vec::new();
+    let mut walk_out = Walked::default();
     for input in &args.inputs {
         let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
         if meta.is_dir() {
@@ -148,11 +157,17 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
                     shown(input)
                 )));
             }
-            walk(input, naming, &mut sources, &mut skipped).with_context(|| shown(input))?;
+            walk(input, naming, &mut walk_out).with_context(|| shown(input))?;
         } else {
-            sources.push(input.clone());
+            sources.push((input.clone(), false));
         }
     }
+    let Walked {
+        inputs,
+        mut skipped,
+        mut failed,
+    } = walk_out;
+    sources.extend(inputs.into_iter().map(|p| (p, true)));
     if let Some(out) = &args.output {
         if sources.len() != 1 || args.recursive {
             return Err(usage("-o takes exactly one input file"));
@@ -162,25 +177,46 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         } else {
             Sink::File(out.clone())
         };
+        let (src, walked) = sources.remove(0);
         return Ok(Plan {
             tasks: vec![Task {
-                source: Source::File(sources.remove(0)),
+                source: Source::File(src),
                 sink,
+                walked,
             }],
             skipped,
+            failed,
         });
     }
-    let tasks = sources
-        .into_iter()
-        .map(|src| {
-            Ok(Task {
-                sink: Sink::File(output_name(&src, naming)?),
+    let mut tasks = Vec::with_capacity(sources.len());
+    for (src, walked) in sources {
+        match output_name(&src, naming) {
+            Ok(out) => tasks.push(Task {
+                sink: Sink::File(out),
                 source: Source::File(src),
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+                walked,
+            }),
+            // A file found by the walk fails by itself; one named on the
+            // command line is a usage error.
+            Err(e) if walked => failed.push((src, format!("{e:#}"))),
+            Err(e) => return Err(e),
+        }
+    }
+    skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
     refuse_outputs_that_are_inputs(&tasks)?;
-    Ok(Plan { tasks, skipped })
+    Ok(Plan {
+        tasks,
+        skipped,
+        failed,
+    })
+}
+
+/// What [`walk`] found.
+#[derive(Default)]
+struct Walked {
+    inputs: Vec<PathBuf>,
+    skipped: Vec<Skipped>,
+    failed: Vec<(PathBuf, String)>,
 }
 
 /// Refuses a run in which one input's output is another of its inputs
@@ -225,12 +261,7 @@ fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
 /// decrypting, every `*.tpmc` file (one that is not ciphertext then fails,
 /// as a damaged one would) and no other. Everything else met is recorded
 /// in `skipped` with the reason. Crash leftovers are never inputs.
-fn walk(
-    dir: &Path,
-    naming: Naming,
-    out: &mut Vec<PathBuf>,
-    skipped: &mut Vec<Skipped>,
-) -> io::Result<()> {
+fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
@@ -239,26 +270,41 @@ fn walk(
         let name = entry.file_name();
         let name = name.as_bytes();
         let why = if ft.is_dir() {
-            walk(&path, naming, out, skipped)?;
+            // A subdirectory that cannot be read fails by itself, named;
+            // the rest of the tree goes on.
+            if let Err(e) = walk(&path, naming, found) {
+                found
+                    .failed
+                    .push((path, format!("cannot read the directory: {}", io_cause(&e))));
+            }
             continue;
         } else if ft.is_symlink() {
             "a symbolic link (not followed)"
         } else if !ft.is_file() {
             "not a regular file"
-        } else if atomic::is_partial_name(name) {
+        } else if atomic::is_temporary_name(name) {
             "a temporary of an interrupted run"
         } else {
             match pick(&path, name, naming) {
                 None => {
-                    out.push(path);
+                    found.inputs.push(path);
                     continue;
                 }
                 Some(why) => why,
             }
         };
-        skipped.push(Skipped { path, why });
+        found.skipped.push(Skipped { path, why });
     }
     Ok(())
+}
+
+/// An I/O error without its "(os error N)".
+fn io_cause(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
 }
 
 /// Whether a regular file met by [`walk`] is an input (None) or why not.
@@ -719,7 +765,7 @@ fn run_one(
             }
             // Regular files are read in parallel; pipes and devices (e.g.
             // `<(tar c dir)`) are streamed.
-            let file = open_input(path, opts.in_place)?;
+            let file = open_input(path, opts.in_place, task.walked)?;
             let meta = file.metadata()?;
             if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
                 // Removing one name would leave the plaintext under the others.
@@ -885,15 +931,19 @@ fn run_one(
 
 /// Opens an input; for `--in-place`, never through a symlink (one swapped in
 /// after the check is refused as well).
-fn open_input(path: &Path, in_place: bool) -> anyhow::Result<File> {
+fn open_input(path: &Path, in_place: bool, walked: bool) -> anyhow::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = fs::OpenOptions::new();
     options.read(true);
-    if in_place {
+    if in_place || walked {
         options.custom_flags(libc::O_NOFOLLOW);
     }
     options.open(path).map_err(|e| {
-        if in_place && e.raw_os_error() == Some(libc::ELOOP) {
+        if walked && e.raw_os_error() == Some(libc::ELOOP) {
+            // Another user swapped a symlink in since the directory was
+            // read: following it could read a file that is not theirs.
+            anyhow::anyhow!("became a symbolic link after the directory was read; not followed")
+        } else if in_place && e.raw_os_error() == Some(libc::ELOOP) {
             usage(InPlaceSymlink.to_string())
         } else {
             e.into()
@@ -964,13 +1014,27 @@ mod tests {
     }
 
     #[test]
+    fn a_walked_input_is_never_opened_through_a_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("secret");
+        fs::write(&target, b"root only").unwrap();
+        let link = d.path().join("z");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = open_input(&link, false, true).unwrap_err().to_string();
+        assert!(err.contains("became a symbolic link"), "{err}");
+        // Named on the command line (not walked), a symlink is followed.
+        assert!(open_input(&link, false, false).is_ok());
+    }
+
+    #[test]
     fn stdin_to_stdout_or_file() {
         let t = plan(&args(&[], None), Naming::Encrypt).unwrap().tasks;
         assert_eq!(
             t,
             vec![Task {
                 source: Source::Stdin,
-                sink: Sink::Stdout
+                sink: Sink::Stdout,
+                walked: false,
             }]
         );
         let t = plan(&args(&["-"], Some("out")), Naming::Encrypt)

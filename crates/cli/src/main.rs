@@ -49,7 +49,15 @@ fn main() {
                     eprintln!("error: {}", files::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
-                let _ = e.print();
+                // Help that cannot be written (a full device) is an error.
+                let text = e.render().to_string();
+                if let Err(err) = stdout::write_all(text.as_bytes()) {
+                    if stdout::is_broken_pipe(&err) {
+                        stdout::end_by_sigpipe();
+                    }
+                    eprintln!("error: {}", files::one_line(&err));
+                    std::process::exit(exit::OTHER);
+                }
                 std::process::exit(exit::OK);
             }
             if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {

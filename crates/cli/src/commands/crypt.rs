@@ -43,13 +43,27 @@ fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn back
     })
 }
 
-/// With `-v`, names every file a recursive run leaves out, and why.
+/// With `-v`, names every file a recursive run leaves out, and why; and
+/// always, one error line for each file or directory the walk found
+/// failing by itself (counted as a failure of the run).
 fn report_skipped(plan: &files::Plan, ui: &Ui) {
     if ui.verbose {
         for s in &plan.skipped {
             eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
         }
     }
+    for (path, why) in &plan.failed {
+        eprintln!("error: {}: {}", files::shown(path), files::printable(why));
+    }
+}
+
+/// The walk's own failures, added to the run's.
+fn with_walk_failures(mut summary: Summary, plan: &files::Plan) -> Summary {
+    if !plan.failed.is_empty() {
+        summary.failed += plan.failed.len() as u64;
+        summary.first_code.get_or_insert(crate::exit::OTHER);
+    }
+    summary
 }
 
 fn finish(
@@ -123,6 +137,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
+    let summary = with_walk_failures(summary, &plan);
     if ui.verbose {
         eprintln!("tpmcrypt: encrypted in {}", source.describe());
     }
@@ -156,6 +171,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_file(input, output, stream)
     });
+    let summary = with_walk_failures(summary, &plan);
     Ok(finish(
         summary,
         &plan,

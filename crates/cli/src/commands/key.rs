@@ -148,7 +148,8 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             // A key tpmcrypt could never unbind with is refused before
             // anything else is asked; the TPM then shows that it loads the
             // key under the standard storage key.
-            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem).with_context(|| file.display().to_string())?;
+            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
+                .map_err(|e| usage(format!("{}: {e}", crate::files::shown(file))))?;
             let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
             let access = TpmAccess::new(Target::from_ui(ui)?);
             let (blob, meta) = store

@@ -55,49 +55,43 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
     let contents = key.to_file_contents(&comment)?;
     let ctx = || out.display().to_string();
     // The private key is written straight into a new 0600 file (never a
-    // wider mode, not even briefly); one that replaces an identity is
-    // written beside it and renamed over it once durable, so a crash
-    // leaves the old identity or the new one, never neither.
-    let target = if exists {
-        let mut name = out.as_os_str().to_owned();
-        name.push(format!(".new{}", std::process::id()));
-        std::path::PathBuf::from(name)
-    } else {
-        out.to_path_buf()
-    };
+    // wider mode, not even briefly) beside its final name, made durable,
+    // and renamed into place only once its recipient has been printed:
+    // a crash leaves the old identity or the new one, never neither, and
+    // no identity is kept whose recipient nobody saw (stdout full, gone).
+    let mut tmp_name = out.as_os_str().to_owned();
+    tmp_name.push(format!(".new{}", std::process::id()));
+    let target = std::path::PathBuf::from(tmp_name);
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&target)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                anyhow::anyhow!(
-                    "already exists (to destroy that identity and write a new one: --force)"
-                )
-            } else {
-                e.into()
-            }
-        })
         .with_context(ctx)?;
     let written = file
         .write_all(contents.as_bytes())
-        .and_then(|()| file.sync_all())
-        .and_then(|()| {
-            if exists {
-                fs::rename(&target, out)
-            } else {
-                Ok(())
-            }
-        });
+        .and_then(|()| file.sync_all());
     if let Err(e) = written {
-        if exists {
-            let _ = fs::remove_file(&target);
-        }
+        let _ = fs::remove_file(&target);
         return Err(e).with_context(ctx);
     }
+    if let Err(e) = crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes()) {
+        let _ = fs::remove_file(&target);
+        return Err(e.context(format!(
+            "the recipient could not be printed, so the identity {} was not kept",
+            crate::files::shown(out)
+        )));
+    }
+    let placed = if exists {
+        fs::rename(&target, out)
+    } else {
+        crate::atomic::rename_noreplace(&target, out)
+    };
+    if let Err(e) = placed {
+        let _ = fs::remove_file(&target);
+        return Err(anyhow::Error::new(e).context("the identity was not kept")).with_context(ctx);
+    }
     crate::atomic::sync_dir(crate::atomic::parent_dir(out)).with_context(ctx)?;
-    crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
     Ok(crate::exit::OK)
 }
 
