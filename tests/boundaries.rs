@@ -136,6 +136,22 @@ impl Drop for Squatter {
     }
 }
 
+/// Starts `tpmcrypt agent` with its socket at `sock` and waits for it.
+fn start_agent(d: &Path, sock: &Path) -> std::process::Child {
+    let agent = tpmcrypt(d)
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent
+}
+
 /// A file encrypted to a fresh recovery identity `rec.key` in `d`.
 fn encrypted_file(d: &Path) -> PathBuf {
     let rec = recovery(d, "rec.key");
@@ -863,17 +879,7 @@ fn the_agent_removes_only_the_socket_it_bound() {
     let d = dir.path();
     let run_dir = d.join("run");
     let sock = run_dir.join("agent.sock");
-    let mut agent = tpmcrypt(d)
-        .args(["agent", "--ttl", "1m"])
-        .env("TPMCRYPT_AGENT_SOCK", &sock)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("agent");
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut agent = start_agent(d, &sock);
     // The path comes to name something else: the agent must leave it.
     fs::rename(&sock, run_dir.join("moved.sock")).unwrap();
     fs::write(&sock, b"precious").unwrap();
@@ -940,17 +946,7 @@ fn a_stopped_agent_with_a_full_queue_never_hangs_a_decrypt() {
     let d = dir.path();
     encrypted_file(d);
     let sock = d.join("run/agent.sock");
-    let mut agent = tpmcrypt(d)
-        .args(["agent", "--ttl", "1m"])
-        .env("TPMCRYPT_AGENT_SOCK", &sock)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("agent");
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut agent = start_agent(d, &sock);
     // SAFETY: plain kill(2) of our child.
     unsafe {
         libc::kill(agent.id() as i32, libc::SIGSTOP);

@@ -530,20 +530,11 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
             commit(&mut batch, tasks, opts, &mut summary);
         }
         match run_one(i, task, opts, transform) {
-            Ok(Done::Finished(n)) => {
-                summary.ok += 1;
-                summary.bytes += n;
-            }
-            Ok(Done::Pending(p)) => {
-                if batch.push(p) {
-                    commit(&mut batch, tasks, opts, &mut summary);
-                }
-            }
             // Standard output is the only output of such a run.
             Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
                 crate::stdout::end_by_sigpipe()
             }
-            Err(err) => report(&mut summary, &task.label(), &err),
+            r => take(r, task, &mut batch, tasks, opts, &mut summary),
         }
     }
     commit(&mut batch, tasks, opts, &mut summary);
@@ -594,18 +585,7 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
         let mut next = 0;
         while next < tasks.len() {
             if let Some(r) = waiting.remove(&next) {
-                match r {
-                    Ok(Done::Finished(n)) => {
-                        summary.ok += 1;
-                        summary.bytes += n;
-                    }
-                    Ok(Done::Pending(p)) => {
-                        if batch.push(p) {
-                            commit(&mut batch, tasks, opts, &mut summary);
-                        }
-                    }
-                    Err(err) => report(&mut summary, &tasks[next].label(), &err),
-                }
+                take(r, &tasks[next], &mut batch, tasks, opts, &mut summary);
                 next += 1;
                 if sent < tasks.len() {
                     let _ = work_tx.send(sent);
@@ -625,6 +605,30 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
     });
     commit(&mut batch, tasks, opts, &mut summary);
     summary
+}
+
+/// Takes one task's result, in task order: counts it, adds its output to
+/// the batch (committing a full one), or reports its error.
+fn take(
+    r: anyhow::Result<Done>,
+    task: &Task,
+    batch: &mut Batch<(usize, u64)>,
+    tasks: &[Task],
+    opts: &RunOptions,
+    summary: &mut Summary,
+) {
+    match r {
+        Ok(Done::Finished(n)) => {
+            summary.ok += 1;
+            summary.bytes += n;
+        }
+        Ok(Done::Pending(p)) => {
+            if batch.push(p) {
+                commit(batch, tasks, opts, summary);
+            }
+        }
+        Err(err) => report(summary, &task.label(), &err),
+    }
 }
 
 /// Commits a batch (see [`crate::batch`]) and counts its outcomes.
