@@ -6,6 +6,7 @@
 //! An interrupt (Ctrl-C, SIGTERM, SIGHUP) removes the temporaries at once,
 //! once [`remove_temporaries_on_interrupt`] is in force.
 
+use std::collections::BTreeSet;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -22,9 +23,11 @@ pub const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
 /// The temporaries of this process that are being written. A rename into
 /// place happens under its lock, so an interrupt sees each output either
 /// as a temporary (and removes it) or complete under its final name.
-static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// A set, not a list: a batch holds thousands, and each rename takes one
+/// out (a list made that O(n²)).
+static PENDING: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
-fn pending() -> MutexGuard<'static, Vec<PathBuf>> {
+fn pending() -> MutexGuard<'static, BTreeSet<PathBuf>> {
     // A panic elsewhere while holding it leaves the list itself intact.
     PENDING.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -130,7 +133,7 @@ impl AtomicFile {
                 .open(&tmp)
             {
                 Ok(file) => {
-                    list.push(tmp.clone());
+                    list.insert(tmp.clone());
                     drop(list);
                     file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
                     return Ok(AtomicFile {
@@ -235,7 +238,7 @@ impl AtomicFile {
             rename_noreplace(&self.tmp, &self.dest)?;
         }
         // From here the temporary name is gone; nothing for Drop to remove.
-        list.retain(|p| *p != self.tmp);
+        list.remove(&self.tmp);
         self.tmp = PathBuf::new();
         Ok(())
     }
@@ -246,7 +249,7 @@ impl Drop for AtomicFile {
         if !self.tmp.as_os_str().is_empty() {
             let mut list = pending();
             let _ = fs::remove_file(&self.tmp);
-            list.retain(|p| *p != self.tmp);
+            list.remove(&self.tmp);
         }
     }
 }
