@@ -2345,3 +2345,29 @@ fn files_in_parallel_report_in_order() {
         }
     }
 }
+
+/// `-v` says where a run's time went: the whole run, files/s, the wait for
+/// durability; with a TPM identity also the time spent with the TPM.
+#[test]
+fn verbose_reports_the_split_of_the_run() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir(d.join("t")).unwrap();
+    for i in 0..50 {
+        fs::write(d.join(format!("t/f{i}")), bytes(1000, i)).unwrap();
+    }
+    let res = run(d, &["-v", "encrypt", "-R", &r, "-r", "t"]);
+    assert_ok(&res, "encrypt -v");
+    let split = res
+        .stderr
+        .lines()
+        .find(|l| l.contains("files/s"))
+        .unwrap_or_else(|| panic!("no split line: {}", res.stderr));
+    let secs: f64 = split
+        .strip_prefix("tpmcrypt: ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{split}"));
+    assert!(secs > 0.0, "{split}");
+    assert!(split.contains("waiting for durability"), "{split}");
+}

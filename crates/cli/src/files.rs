@@ -507,6 +507,8 @@ pub struct Summary {
     pub bytes: u64,
     /// Exit code of the first failure.
     pub first_code: Option<i32>,
+    /// Time spent waiting for outputs to become durable (group commits).
+    pub durable_wait: std::time::Duration,
 }
 
 /// Runs `transform` over every task; a failing task is reported as
@@ -641,7 +643,10 @@ fn commit(
     if batch.is_empty() {
         return;
     }
-    for ((i, n), r) in batch.commit() {
+    let start = std::time::Instant::now();
+    let results = batch.commit();
+    summary.durable_wait += start.elapsed();
+    for ((i, n), r) in results {
         let task = &tasks[i];
         match r {
             Ok(()) => {

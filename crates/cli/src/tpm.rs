@@ -57,6 +57,8 @@ struct Conn {
 pub struct TpmAccess {
     target: Target,
     conn: Mutex<Option<Conn>>,
+    /// Time spent talking to the TPM (connecting included), for `-v`.
+    busy: Mutex<std::time::Duration>,
 }
 
 impl TpmAccess {
@@ -65,6 +67,7 @@ impl TpmAccess {
         Arc::new(TpmAccess {
             target,
             conn: Mutex::new(None),
+            busy: Mutex::new(std::time::Duration::ZERO),
         })
     }
 
@@ -78,15 +81,25 @@ impl TpmAccess {
         f: impl FnOnce(&mut Tpm) -> tpmcrypt_tpmkey::Result<T>,
     ) -> tpmcrypt_tpmkey::Result<T> {
         let mut guard = self.lock();
-        if guard.is_none() {
-            *guard = Some(self.connect()?);
-        }
-        match guard.as_mut() {
-            Some(conn) => f(&mut conn.tpm),
-            None => Err(tpmcrypt_tpmkey::Error::InvalidInput(
-                "no TPM connection".into(),
-            )),
-        }
+        let start = std::time::Instant::now();
+        let result = (|| {
+            if guard.is_none() {
+                *guard = Some(self.connect()?);
+            }
+            match guard.as_mut() {
+                Some(conn) => f(&mut conn.tpm),
+                None => Err(tpmcrypt_tpmkey::Error::InvalidInput(
+                    "no TPM connection".into(),
+                )),
+            }
+        })();
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) += start.elapsed();
+        result
+    }
+
+    /// Time spent talking to the TPM so far.
+    pub fn busy(&self) -> std::time::Duration {
+        *self.busy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn connect(&self) -> tpmcrypt_tpmkey::Result<Conn> {

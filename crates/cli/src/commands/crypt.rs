@@ -66,12 +66,22 @@ fn with_walk_failures(mut summary: Summary, plan: &files::Plan) -> Summary {
     summary
 }
 
+/// Where a run's time went, for `-v`: the whole run, files per second,
+/// the wait for durability (group commits) and the TPM (if used).
+pub struct Timing {
+    /// When the command started.
+    pub start: std::time::Instant,
+    /// Time spent with the TPM, if it was used.
+    pub tpm: Option<std::time::Duration>,
+}
+
 fn finish(
     summary: Summary,
     plan: &files::Plan,
     ui: &Ui,
     verb: &str,
     unwraps: Option<(u64, u64)>,
+    timing: Timing,
 ) -> i32 {
     if ui.verbose {
         let mut line = format!(
@@ -86,12 +96,24 @@ fn finish(
             line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
         eprintln!("{line}");
+        let secs = timing.start.elapsed().as_secs_f64();
+        let mut split = format!(
+            "tpmcrypt: {secs:.3} s ({:.0} files/s, {:.1} MB/s); waiting for durability {:.3} s",
+            summary.ok as f64 / secs.max(1e-9),
+            summary.bytes as f64 / 1e6 / secs.max(1e-9),
+            summary.durable_wait.as_secs_f64()
+        );
+        if let Some(tpm) = timing.tpm {
+            split.push_str(&format!("; TPM {:.1} ms", tpm.as_secs_f64() * 1e3));
+        }
+        eprintln!("{split}");
     }
     summary.first_code.unwrap_or(crate::exit::OK)
 }
 
 /// Runs `encrypt`.
 pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
+    let start = std::time::Instant::now();
     let mode = match args.mode {
         ModeArg::Gcm => Mode::Gcm,
         ModeArg::Cbc => Mode::Cbc,
@@ -141,11 +163,19 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if ui.verbose {
         eprintln!("tpmcrypt: encrypted in {}", source.describe());
     }
-    Ok(finish(summary, &plan, ui, "encrypted", None))
+    Ok(finish(
+        summary,
+        &plan,
+        ui,
+        "encrypted",
+        None,
+        Timing { start, tpm: None },
+    ))
 }
 
 /// Runs `decrypt`.
 pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
+    let start = std::time::Instant::now();
     let mut identities = args
         .identities
         .iter()
@@ -178,5 +208,9 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         ui,
         "decrypted",
         Some((decryptor.unwrap_count(), access.unbind_count())),
+        Timing {
+            start,
+            tpm: Some(access.busy()),
+        },
     ))
 }
