@@ -2369,5 +2369,5 @@ fn verbose_reports_the_split_of_the_run() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("{split}"));
     assert!(secs > 0.0, "{split}");
-    assert!(split.contains("waiting for durability"), "{split}");
+    assert!(split.contains("committing (sync, rename"), "{split}");
 }

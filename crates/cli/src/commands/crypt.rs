@@ -98,7 +98,7 @@ fn finish(
         eprintln!("{line}");
         let secs = timing.start.elapsed().as_secs_f64();
         let mut split = format!(
-            "tpmcrypt: {secs:.3} s ({:.0} files/s, {:.1} MB/s); waiting for durability {:.3} s",
+            "tpmcrypt: {secs:.3} s ({:.0} files/s, {:.1} MB/s); committing (sync, rename, remove originals) {:.3} s",
             summary.ok as f64 / secs.max(1e-9),
             summary.bytes as f64 / 1e6 / secs.max(1e-9),
             summary.durable_wait.as_secs_f64()
