@@ -1549,3 +1549,34 @@ fn a_record_ahead_of_its_ciphertext_is_not_trusted() {
     assert_eq!(stop(child), 0, "{}", s.log(1));
     assert_eq!(s.decrypt_one(&ct), b"old contents", "the old version stays");
 }
+
+/// A --stats-json or --log inside SRC would be encrypted again every time
+/// it is written (a new version each interval): refused like DEST.
+#[test]
+fn stats_json_or_log_inside_src_is_refused() {
+    let s = Scratch::new();
+    for (flag, path) in [
+        ("--stats-json", "src/stats.json"),
+        ("--stats-json", "src/sub/../stats.json"),
+        ("--log", "src/watch.log"),
+    ] {
+        let r = run(
+            s.path(),
+            &[
+                "watch",
+                "src",
+                "--out",
+                "dest",
+                "-R",
+                &s.recipient,
+                flag,
+                path,
+            ],
+        );
+        assert_eq!(r.code, 2, "{flag} {path}: {}", r.stderr);
+        assert!(r.stderr.contains("inside SRC"), "{}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        assert!(!s.dest().exists(), "{flag} {path}: DEST was created");
+    }
+    assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
+}

@@ -167,6 +167,20 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src.display()
         )));
     }
+    // Files the daemon itself writes: inside SRC each write would be
+    // encrypted again (a new version every interval, or every log line).
+    for (flag, file) in [("--stats-json", &args.stats_json), ("--log", &args.log)] {
+        if let Some(file) = file {
+            let canon = canonical_to_be(file)?;
+            if canon.starts_with(&src) {
+                return Err(usage(format!(
+                    "{flag} {} is inside SRC {}: it would be encrypted again every time it is written",
+                    canon.display(),
+                    src.display()
+                )));
+            }
+        }
+    }
     let dest_created = fs::symlink_metadata(&dest_canon).is_err();
     fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
     let dest = fs::canonicalize(&dest_canon)?;
