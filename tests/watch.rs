@@ -50,6 +50,19 @@ impl Scratch {
 
     /// Starts the daemon (log in `log.N`); waits for READY=1 if `ready`.
     fn start(&self, n: usize, extra: &[&str], ready: bool) -> Child {
+        self.start_with(n, extra, ready, &[], None)
+    }
+
+    /// [`Scratch::start`], the binary run by `wrap` (a program and its
+    /// arguments, e.g. strace) if not empty, and as `uid` if given.
+    fn start_with(
+        &self,
+        n: usize,
+        extra: &[&str],
+        ready: bool,
+        wrap: &[&str],
+        uid: Option<u32>,
+    ) -> Child {
         let sock_path = self.path().join(format!("notify.{n}"));
         let _ = fs::remove_file(&sock_path);
         let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
@@ -75,7 +88,23 @@ impl Scratch {
             args.extend_from_slice(&["--settle", "50ms"]);
         }
         args.extend_from_slice(extra);
-        let mut child = tpmcrypt(self.path())
+        let mut cmd = match wrap.split_first() {
+            Some((program, wrap_args)) => {
+                let mut cmd = common::wrapper(self.path(), program);
+                cmd.args(wrap_args).arg(common::bin());
+                cmd
+            }
+            None => tpmcrypt(self.path()),
+        };
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            // The daemon must be able to write its stats and notify.
+            for p in [self.path(), sock_path.as_path()] {
+                fs::set_permissions(p, fs::Permissions::from_mode(0o777)).expect("chmod");
+            }
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd
             .args(&args)
             .env("NOTIFY_SOCKET", &sock_path)
             .stdout(Stdio::null())
@@ -1074,7 +1103,7 @@ fn delete_plaintext_keeps_every_version_of_a_repeated_name() {
         String::from_utf8_lossy(&lines)
     );
     let st = s.stats();
-    assert_eq!(st["failures"], 0, "{st}");
+    assert_eq!(st["failures"], 0, "{st}\n{}", s.log(0));
     assert_eq!(
         st["deleted"].as_u64(),
         Some((UPLOADS + n - 1) as u64),
@@ -1579,4 +1608,67 @@ fn stats_json_or_log_inside_src_is_refused() {
         assert!(!s.dest().exists(), "{flag} {path}: DEST was created");
     }
     assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
+}
+
+/// Whether the tests run as root (some need to run the daemon as another
+/// user on root's files, or to trace it).
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Without leases (the daemon is neither root nor the files' owner) an
+/// open writer cannot be seen: with --delete-plaintext such a file is
+/// encrypted but kept, with a warning, so that a writer still holding it
+/// open loses nothing.
+#[test]
+fn delete_plaintext_keeps_files_it_cannot_lease() {
+    if !is_root() {
+        eprintln!("skipped: needs root (files of another user)");
+        return;
+    }
+    let s = Scratch::new();
+    fs::set_permissions(s.src(), fs::Permissions::from_mode(0o777)).expect("chmod");
+    let child = s.start_with(
+        0,
+        &["--delete-plaintext", "--settle", "200ms"],
+        true,
+        &[],
+        Some(65534),
+    );
+    let path = s.src().join("app.log");
+    let mut w = fs::File::create(&path).expect("create");
+    w.write_all(b"line1\n").expect("write");
+    std::thread::sleep(Duration::from_millis(1500));
+    w.write_all(b"line2\n").expect("write");
+    drop(w);
+    wait_for("line2 to be encrypted", Duration::from_secs(30), || {
+        !path.exists()
+            || fs::read(s.path().join("stats.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v["files"].as_u64())
+                >= Some(2)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(fs::read(&path).expect("app.log kept"), b"line1\nline2\n");
+    assert!(
+        s.log(0).contains("app.log: kept: no file lease"),
+        "{}",
+        s.log(0)
+    );
+    let st = s.stats();
+    assert_eq!(st["deleted"], 0, "{st}");
+    assert!(st["kept_no_lease"].as_u64() >= Some(1), "{st}");
+    let got = s.decrypt_all();
+    let last = (1..10)
+        .rev()
+        .find_map(|n| {
+            got.get(Path::new(
+                version_name("app.log", n).trim_end_matches(".tpmc"),
+            ))
+        })
+        .expect("a ciphertext of app.log");
+    assert_eq!(last, b"line1\nline2\n", "{}", s.log(0));
 }

@@ -257,6 +257,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         delete: args.delete_plaintext,
         session: Mutex::new(Arc::new(session)),
         lease_noted: AtomicBool::new(false),
+        no_lease_warned: Mutex::new(HashSet::new()),
     });
 
     let (work_tx, work_rx) = bounded::<Job>(workers * 2);
@@ -1031,6 +1032,7 @@ impl Coordinator {
             Outcome::Encrypted {
                 rec,
                 deleted,
+                no_lease,
                 done_at,
                 service,
             } => {
@@ -1047,6 +1049,9 @@ impl Coordinator {
                     }
                     if deleted {
                         s.counters.deleted += 1;
+                    }
+                    if no_lease {
+                        s.counters.kept_no_lease += 1;
                     }
                 }
                 let r = if deleted {

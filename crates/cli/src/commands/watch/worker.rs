@@ -4,6 +4,7 @@
 //! `--delete-plaintext` verify the ciphertext against the source before
 //! removing the source.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -70,6 +71,8 @@ pub struct Ctx {
     pub session: Mutex<Arc<Session>>,
     /// Whether the "no leases" notice was logged.
     pub lease_noted: AtomicBool,
+    /// Sources already warned about as kept for want of a lease.
+    pub no_lease_warned: Mutex<HashSet<PathBuf>>,
     /// The journal (the coordinator's; a worker records a ciphertext in it
     /// before giving it its final name).
     pub journal: Arc<Mutex<Journal>>,
@@ -209,6 +212,8 @@ pub enum Outcome {
         rec: Record,
         /// The source was verified and removed.
         deleted: bool,
+        /// Kept under --delete-plaintext: no lease could be taken on it.
+        no_lease: bool,
         /// When the ciphertext became durable.
         done_at: Instant,
         /// Time spent by the worker.
@@ -250,9 +255,14 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         Err(OpenError::Io(e)) => return Err(anyhow::Error::from(e).context("cannot open")),
     };
     let st0 = Stamp::of(&file.metadata()?);
-    // A source kept under --delete-plaintext (other hard links) is skipped
+    // Under --delete-plaintext a source is kept when removing it could
+    // lose data: it has other hard links, or no lease can be taken on it
+    // (not the owner and no CAP_LEASE, or unsupported), so that a writer
+    // still holding it open cannot be ruled out. A kept source is skipped
     // like any source when unchanged.
-    let kept = ctx.delete && st0.nlink > 1;
+    let links = ctx.delete && st0.nlink > 1;
+    let no_lease = ctx.delete && !links && fsio::writers(&file) == Writers::Unknown;
+    let kept = links || no_lease;
     if !ctx.delete || kept {
         if let Some(prev) = job.prev {
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
@@ -274,7 +284,12 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
             if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
                 tracing::info!(
                     "file leases are not available here (not the files' owner, or unsupported); \
-                     an open writer is detected by --settle and by re-checking after encryption"
+                     an open writer is detected by --settle and by re-checking after encryption{}",
+                    if ctx.delete {
+                        "; with --delete-plaintext such files are encrypted but kept"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
@@ -321,7 +336,21 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     }
     let done_at = Instant::now();
     let mut deleted = false;
-    if kept {
+    if no_lease {
+        let first = ctx
+            .no_lease_warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(job.rel.clone());
+        if first {
+            warn!(
+                "{}: kept: no file lease can be taken on it (the daemon is not its owner and \
+                 has no CAP_LEASE, or the file system has no leases), so a writer that still \
+                 has it open cannot be ruled out",
+                show(&job.rel)
+            );
+        }
+    } else if kept {
         warn!(
             "{}: kept: it has {} hard links, and removing this name would leave the plaintext \
              under the others",
@@ -341,6 +370,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     Ok(Outcome::Encrypted {
         rec,
         deleted,
+        no_lease,
         done_at,
         service: done_at - started,
     })
