@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bytes, recovery, run, tpmcrypt, KillDelay, Rng};
@@ -1617,6 +1617,95 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The plaintexts of every version of `name` in DEST, concatenated in
+/// version order.
+fn all_versions(got: &HashMap<PathBuf, Vec<u8>>, name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in 1..10 {
+        let v = version_name(name, n);
+        if let Some(p) = got.get(Path::new(v.trim_end_matches(".tpmc"))) {
+            out.extend_from_slice(p);
+        }
+    }
+    out
+}
+
+/// --delete-plaintext removes a source only if what goes is what was
+/// encrypted: the removal is slowed down (each unlink waits 4 s) and, in
+/// that window, a writer appends to one source and an upload is renamed
+/// over another. Nothing may be lost: the appended line and the new upload
+/// end up encrypted, as further versions.
+#[test]
+fn delete_plaintext_loses_nothing_written_during_the_removal() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let s = Scratch::new();
+    let stage = s.path().join("stage");
+    fs::create_dir(&stage).expect("mkdir stage");
+    let child = s.start_with(
+        0,
+        &["--delete-plaintext", "--settle", "200ms", "--workers", "2"],
+        true,
+        &[
+            "strace",
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "inject=unlinkat,unlink:delay_enter=4000000",
+        ],
+        None,
+    );
+    write_file(&s.src().join("app.log"), b"line1\n");
+    write_file(&s.src().join("up.txt"), b"first upload\n");
+    write_file(&stage.join("up.txt"), b"second upload\n");
+    wait_for("the first ciphertexts", Duration::from_secs(30), || {
+        s.dest().join("app.log.tpmc").exists() && s.dest().join("up.txt.tpmc").exists()
+    });
+    // Verified and being removed (each unlink takes 4 s).
+    std::thread::sleep(Duration::from_millis(400));
+    let mut log = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(s.src().join("app.log"))
+        .expect("open app.log");
+    log.write_all(b"line2\n").expect("append");
+    drop(log);
+    fs::rename(stage.join("up.txt"), s.src().join("up.txt")).expect("mv");
+    // Give the new files time to be taken (each removal takes 4 s).
+    let _ = std::panic::catch_unwind(|| {
+        wait_for("SRC to empty", Duration::from_secs(40), || {
+            fs::read_dir(s.src())
+                .map(|d| d.count() == 0)
+                .unwrap_or(false)
+                && ciphertexts(&s.dest()) >= 4
+        })
+    });
+    // SIGTERM to the daemon, not to strace (which would only detach).
+    for pid in common::child_pids_of(child.id()) {
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+        }
+    }
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let got = s.decrypt_all();
+    assert_eq!(
+        all_versions(&got, "app.log"),
+        b"line1\nline2\n",
+        "{}",
+        s.log(0)
+    );
+    assert_eq!(
+        all_versions(&got, "up.txt"),
+        b"first upload\nsecond upload\n",
+        "{}",
+        s.log(0)
+    );
+}
+
 /// Without leases (the daemon is neither root nor the files' owner) an
 /// open writer cannot be seen: with --delete-plaintext such a file is
 /// encrypted but kept, with a warning, so that a writer still holding it
@@ -1671,4 +1760,44 @@ fn delete_plaintext_keeps_files_it_cannot_lease() {
         })
         .expect("a ciphertext of app.log");
     assert_eq!(last, b"line1\nline2\n", "{}", s.log(0));
+}
+
+/// A source moved aside for removal by a daemon killed before the unlink
+/// is renamed back at the next start and encrypted, never removed
+/// unencrypted; if its name was taken meanwhile it is kept under a
+/// `.tpmcrypt-restored.` name and encrypted too.
+#[test]
+fn a_source_moved_aside_by_a_killed_daemon_is_recovered() {
+    let s = Scratch::new();
+    let dead = 2_147_483_646; // no such process
+    let aside = |name: &str| format!(".{name}.tpmcrypt-removing.{dead}.0123456789abcdef");
+    write_file(
+        &s.src().join("sub").join(aside("app.log")),
+        b"moved aside\n",
+    );
+    write_file(&s.src().join(aside("up.txt")), b"older upload\n");
+    write_file(&s.src().join("up.txt"), b"newer upload\n");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    wait_for("SRC to empty", Duration::from_secs(30), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let got = s.decrypt_all();
+    assert_eq!(
+        got[Path::new("sub/app.log")],
+        b"moved aside\n",
+        "{}",
+        s.log(0)
+    );
+    assert_eq!(got[Path::new("up.txt")], b"newer upload\n");
+    let restored: Vec<_> = got
+        .iter()
+        .filter(|(p, _)| {
+            p.to_string_lossy()
+                .starts_with(".up.txt.tpmcrypt-restored.")
+        })
+        .collect();
+    assert_eq!(restored.len(), 1, "{got:?}");
+    assert_eq!(restored[0].1, b"older upload\n");
+    assert_eq!(got.len(), 3, "{:?}", got.keys());
 }

@@ -774,6 +774,7 @@ impl Coordinator {
                 skipped += 1;
                 continue;
             }
+            let f = if startup { self.recover_aside(f) } else { f };
             if let Some(p) = present.as_deref_mut() {
                 p.insert(f.rel.clone());
             }
@@ -810,8 +811,72 @@ impl Coordinator {
         unchanged
     }
 
-    /// Makes `rel` due at `due` (de-duplicated by path).
+    /// A source moved aside for removal by a daemon that is gone (killed
+    /// between the move and the unlink) is renamed back to its name, never
+    /// replacing anything; if that cannot be done it stays where it is and
+    /// is encrypted under that name like any file. Never removed.
+    fn recover_aside(&self, f: scan::Found) -> scan::Found {
+        let Some((pid, original)) = f.rel.file_name().and_then(fsio::parse_aside) else {
+            return f;
+        };
+        // At start nothing is moved aside by this process yet: its own PID
+        // there is a previous one's, reused.
+        if pid != std::process::id() as i32 && fsio::pid_alive(pid) {
+            return f;
+        }
+        let Some(original) = original else {
+            warn!(
+                "{}: left by an interrupted removal (its name is unknown): encrypted as it is",
+                show(&f.rel)
+            );
+            return f;
+        };
+        let parent = f.rel.parent().unwrap_or(Path::new(""));
+        let mut back = parent.join(original);
+        let renamed = fsio::open_dir_beneath(&self.ctx.src_root, parent).and_then(|dir| {
+            let aside = f.rel.file_name().unwrap_or_default();
+            match fsio::rename_noreplace(&dir, aside, original) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    // Its name was taken meanwhile: kept under another.
+                    let kept = fsio::aside_name(original, fsio::RESTORED_MARKER);
+                    fsio::rename_noreplace(&dir, aside, &kept)?;
+                    back = parent.join(kept);
+                }
+                r => r?,
+            }
+            fsio::fsync(&dir)
+        });
+        match renamed {
+            Ok(()) => {
+                info!(
+                    "{}: left by an interrupted removal: renamed back to {}",
+                    show(&f.rel),
+                    show(&back)
+                );
+                scan::Found { rel: back, ..f }
+            }
+            Err(e) => {
+                warn!(
+                    "{}: left by an interrupted removal, cannot be renamed back to {}: {e}; \
+                     encrypted as it is",
+                    show(&f.rel),
+                    show(&back)
+                );
+                f
+            }
+        }
+    }
+
+    /// Makes `rel` due at `due` (de-duplicated by path). A source this
+    /// process has moved aside to remove it is not a new file.
     fn schedule(&mut self, rel: PathBuf, due: Instant, event_at: Option<Instant>) {
+        if rel
+            .file_name()
+            .and_then(fsio::parse_aside)
+            .is_some_and(|(pid, _)| pid == std::process::id() as i32)
+        {
+            return;
+        }
         match self.entries.get_mut(&rel) {
             None => {
                 self.entries.insert(

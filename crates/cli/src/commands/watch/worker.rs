@@ -370,7 +370,9 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         let Some(name) = job.rel.file_name() else {
             bail!("no file name");
         };
-        if !remove_source(&dir, name, &file, &st0).context("removing the verified source")? {
+        if !remove_source(&dir, &job.rel, name, &file, &st0)
+            .context("removing the verified source")?
+        {
             return Ok(Outcome::Changed);
         }
         deleted = true;
@@ -478,18 +480,27 @@ fn verify(session: &Session, dest: &Path, src: &File) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes the source if it is still exactly what was encrypted: under a
-/// read lease (so no writer has it open, and a new writer's open waits), the
-/// open file is unchanged and the name still refers to it. Returns whether
-/// it was removed.
+/// Removes the source if it is still exactly what was encrypted. Under a
+/// read lease (no writer has it open; a new writer's open breaks the lease
+/// and waits), the open file must be unchanged and its name must still
+/// refer to it. The name is then first moved aside (never replacing
+/// anything) to `.NAME.tpmcrypt-removing.PID.RANDOM`, so that an append
+/// or an upload renamed in from now on lands on a new file, encrypted in
+/// its turn; and only if the moved inode is the one encrypted, unchanged,
+/// with a single name and its lease not being broken, is it unlinked.
+/// Otherwise it is put back under its name (or, if that was taken
+/// meanwhile, kept as `.NAME.tpmcrypt-restored.PID.RANDOM`) to be
+/// encrypted again. Returns whether it was removed.
 fn remove_source(
     dir: &OwnedFd,
+    rel: &Path,
     name: &std::ffi::OsStr,
     file: &File,
     st0: &Stamp,
 ) -> io::Result<bool> {
     let lease = fsio::lease(file);
-    if lease == Writers::Busy {
+    if lease != Writers::None {
+        // Busy: a writer. Unknown cannot happen (such sources are kept).
         return Ok(false);
     }
     let result = (|| {
@@ -500,14 +511,52 @@ fn remove_source(
             Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino => {}
             _ => return Ok(false),
         }
-        match fsio::unlink_durably(dir, name) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
+        let aside = fsio::aside_name(name, fsio::ASIDE_MARKER);
+        match fsio::rename_noreplace(dir, name, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
         }
+        // The rename changes the inode's ctime: size and mtime are
+        // compared; any write would have broken the lease.
+        let moved = fsio::lstat_at(dir, &aside);
+        let now = Stamp::of(&file.metadata()?);
+        let same = matches!(moved, Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino)
+            && (now.dev, now.ino, now.size, now.mtime_ns, now.nlink)
+                == (st0.dev, st0.ino, st0.size, st0.mtime_ns, 1)
+            && fsio::lease_intact(file);
+        if same {
+            fsio::unlink_durably(dir, &aside)?;
+            return Ok(true);
+        }
+        put_back(dir, rel, name, &aside)?;
+        Ok(false)
     })();
-    if lease == Writers::None {
-        fsio::unlease(file);
-    }
+    fsio::unlease(file);
     result
+}
+
+/// Renames a moved-aside source back to `name`, never replacing anything:
+/// if the name was taken meanwhile, the file is kept as
+/// `.NAME.tpmcrypt-restored.PID.RANDOM` (encrypted like any file).
+fn put_back(
+    dir: &OwnedFd,
+    rel: &Path,
+    name: &std::ffi::OsStr,
+    aside: &std::ffi::OsStr,
+) -> io::Result<()> {
+    match fsio::rename_noreplace(dir, aside, name) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let kept = fsio::aside_name(name, fsio::RESTORED_MARKER);
+            fsio::rename_noreplace(dir, aside, &kept)?;
+            warn!(
+                "{}: changed while being removed, and its name was taken meanwhile: kept as {}",
+                show(rel),
+                show(Path::new(&kept))
+            );
+        }
+        Err(e) => return Err(e),
+    }
+    fsio::fsync(dir)
 }
