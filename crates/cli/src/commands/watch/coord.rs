@@ -1065,14 +1065,20 @@ impl Coordinator {
         };
         for p in gone {
             // In flight: the worker will find it gone (or, if a new file
-            // took the name, its own events bring it back).
+            // took the name, its own events bring it back). Its record is
+            // kept: the worker itself moves a source aside before removing
+            // it, and puts it back if it changed (or a crash leaves it
+            // aside, renamed back at the next start), and that source's
+            // record says which ciphertext is its own. The outcome settles
+            // the record (Gone removes it).
             if self
                 .entries
                 .get(&p)
-                .is_some_and(|e| e.state != State::InFlight)
+                .is_some_and(|e| e.state == State::InFlight)
             {
-                self.entries.remove(&p);
+                continue;
             }
+            self.entries.remove(&p);
             let removed = self.journal().remove(&p);
             if let Err(e) = removed {
                 self.journal_error(e);
@@ -1149,7 +1155,14 @@ impl Coordinator {
                     .counters
                     .skipped += 1;
             }
-            Outcome::Gone => debug!("{} is gone", show(&rel)),
+            Outcome::Gone => {
+                debug!("{} is gone", show(&rel));
+                // Its record was kept while it was in flight (see forget).
+                let removed = self.journal().remove(&rel);
+                if let Err(err) = removed {
+                    self.journal_error(err);
+                }
+            }
             Outcome::Busy => {
                 e.busy += 1;
                 let wait = backoff(
