@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{bytes, recovery, run, tpmcrypt, KillDelay, Rng};
@@ -50,6 +50,19 @@ impl Scratch {
 
     /// Starts the daemon (log in `log.N`); waits for READY=1 if `ready`.
     fn start(&self, n: usize, extra: &[&str], ready: bool) -> Child {
+        self.start_with(n, extra, ready, &[], None)
+    }
+
+    /// [`Scratch::start`], the binary run by `wrap` (a program and its
+    /// arguments, e.g. strace) if not empty, and as `uid` if given.
+    fn start_with(
+        &self,
+        n: usize,
+        extra: &[&str],
+        ready: bool,
+        wrap: &[&str],
+        uid: Option<u32>,
+    ) -> Child {
         let sock_path = self.path().join(format!("notify.{n}"));
         let _ = fs::remove_file(&sock_path);
         let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
@@ -75,7 +88,23 @@ impl Scratch {
             args.extend_from_slice(&["--settle", "50ms"]);
         }
         args.extend_from_slice(extra);
-        let mut child = tpmcrypt(self.path())
+        let mut cmd = match wrap.split_first() {
+            Some((program, wrap_args)) => {
+                let mut cmd = common::wrapper(self.path(), program);
+                cmd.args(wrap_args).arg(common::bin());
+                cmd
+            }
+            None => tpmcrypt(self.path()),
+        };
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            // The daemon must be able to write its stats and notify.
+            for p in [self.path(), sock_path.as_path()] {
+                fs::set_permissions(p, fs::Permissions::from_mode(0o777)).expect("chmod");
+            }
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd
             .args(&args)
             .env("NOTIFY_SOCKET", &sock_path)
             .stdout(Stdio::null())
@@ -495,7 +524,8 @@ fn kill_9_at_random_moments_loses_nothing() {
         .collect();
     assert!(leftovers.is_empty(), "leftover temporaries: {leftovers:?}");
     let got = s.decrypt_all();
-    assert_eq!(got.len(), want.len());
+    let extra: Vec<_> = got.keys().filter(|p| !want.contains_key(*p)).collect();
+    assert_eq!(got.len(), want.len(), "not sources: {extra:?}");
     for (rel, data) in &want {
         assert_eq!(got.get(rel), Some(data), "{}", rel.display());
     }
@@ -1074,7 +1104,7 @@ fn delete_plaintext_keeps_every_version_of_a_repeated_name() {
         String::from_utf8_lossy(&lines)
     );
     let st = s.stats();
-    assert_eq!(st["failures"], 0, "{st}");
+    assert_eq!(st["failures"], 0, "{st}\n{}", s.log(0));
     assert_eq!(
         st["deleted"].as_u64(),
         Some((UPLOADS + n - 1) as u64),
@@ -1548,4 +1578,227 @@ fn a_record_ahead_of_its_ciphertext_is_not_trusted() {
     });
     assert_eq!(stop(child), 0, "{}", s.log(1));
     assert_eq!(s.decrypt_one(&ct), b"old contents", "the old version stays");
+}
+
+/// A --stats-json or --log inside SRC would be encrypted again every time
+/// it is written (a new version each interval): refused like DEST.
+#[test]
+fn stats_json_or_log_inside_src_is_refused() {
+    let s = Scratch::new();
+    for (flag, path) in [
+        ("--stats-json", "src/stats.json"),
+        ("--stats-json", "src/sub/../stats.json"),
+        ("--log", "src/watch.log"),
+    ] {
+        let r = run(
+            s.path(),
+            &[
+                "watch",
+                "src",
+                "--out",
+                "dest",
+                "-R",
+                &s.recipient,
+                flag,
+                path,
+            ],
+        );
+        assert_eq!(r.code, 2, "{flag} {path}: {}", r.stderr);
+        assert!(r.stderr.contains("inside SRC"), "{}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        assert!(!s.dest().exists(), "{flag} {path}: DEST was created");
+    }
+    assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
+}
+
+/// Whether the tests run as root (some need to run the daemon as another
+/// user on root's files, or to trace it).
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The plaintexts of every version of `name` in DEST, concatenated in
+/// version order.
+fn all_versions(got: &HashMap<PathBuf, Vec<u8>>, name: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in 1..10 {
+        let v = version_name(name, n);
+        if let Some(p) = got.get(Path::new(v.trim_end_matches(".tpmc"))) {
+            out.extend_from_slice(p);
+        }
+    }
+    out
+}
+
+/// --delete-plaintext removes a source only if what goes is what was
+/// encrypted: the removal is slowed down (each unlink waits 4 s) and, in
+/// that window, a writer appends to one source and an upload is renamed
+/// over another. Nothing may be lost: the appended line and the new upload
+/// end up encrypted, as further versions.
+#[test]
+fn delete_plaintext_loses_nothing_written_during_the_removal() {
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let s = Scratch::new();
+    let stage = s.path().join("stage");
+    fs::create_dir(&stage).expect("mkdir stage");
+    let child = s.start_with(
+        0,
+        &["--delete-plaintext", "--settle", "200ms", "--workers", "2"],
+        true,
+        &[
+            "strace",
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "inject=unlinkat,unlink:delay_enter=4000000",
+        ],
+        None,
+    );
+    write_file(&s.src().join("app.log"), b"line1\n");
+    write_file(&s.src().join("up.txt"), b"first upload\n");
+    write_file(&stage.join("up.txt"), b"second upload\n");
+    wait_for("the first ciphertexts", Duration::from_secs(30), || {
+        s.dest().join("app.log.tpmc").exists() && s.dest().join("up.txt.tpmc").exists()
+    });
+    // Verified and being removed (each unlink takes 4 s).
+    std::thread::sleep(Duration::from_millis(400));
+    let mut log = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(s.src().join("app.log"))
+        .expect("open app.log");
+    log.write_all(b"line2\n").expect("append");
+    drop(log);
+    fs::rename(stage.join("up.txt"), s.src().join("up.txt")).expect("mv");
+    // Give the new files time to be taken (each removal takes 4 s).
+    let _ = std::panic::catch_unwind(|| {
+        wait_for("SRC to empty", Duration::from_secs(40), || {
+            fs::read_dir(s.src())
+                .map(|d| d.count() == 0)
+                .unwrap_or(false)
+                && ciphertexts(&s.dest()) >= 4
+        })
+    });
+    // SIGTERM to the daemon, not to strace (which would only detach).
+    for pid in common::child_pids_of(child.id()) {
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+        }
+    }
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let got = s.decrypt_all();
+    assert_eq!(
+        all_versions(&got, "app.log"),
+        b"line1\nline2\n",
+        "{}",
+        s.log(0)
+    );
+    assert_eq!(
+        all_versions(&got, "up.txt"),
+        b"first upload\nsecond upload\n",
+        "{}",
+        s.log(0)
+    );
+}
+
+/// Without leases (the daemon is neither root nor the files' owner) an
+/// open writer cannot be seen: with --delete-plaintext such a file is
+/// encrypted but kept, with a warning, so that a writer still holding it
+/// open loses nothing.
+#[test]
+fn delete_plaintext_keeps_files_it_cannot_lease() {
+    if !is_root() {
+        eprintln!("skipped: needs root (files of another user)");
+        return;
+    }
+    let s = Scratch::new();
+    fs::set_permissions(s.src(), fs::Permissions::from_mode(0o777)).expect("chmod");
+    let child = s.start_with(
+        0,
+        &["--delete-plaintext", "--settle", "200ms"],
+        true,
+        &[],
+        Some(65534),
+    );
+    let path = s.src().join("app.log");
+    let mut w = fs::File::create(&path).expect("create");
+    w.write_all(b"line1\n").expect("write");
+    std::thread::sleep(Duration::from_millis(1500));
+    w.write_all(b"line2\n").expect("write");
+    drop(w);
+    wait_for("line2 to be encrypted", Duration::from_secs(30), || {
+        !path.exists()
+            || fs::read(s.path().join("stats.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v["files"].as_u64())
+                >= Some(2)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(fs::read(&path).expect("app.log kept"), b"line1\nline2\n");
+    assert!(
+        s.log(0).contains("app.log: kept: no file lease"),
+        "{}",
+        s.log(0)
+    );
+    let st = s.stats();
+    assert_eq!(st["deleted"], 0, "{st}");
+    assert!(st["kept_no_lease"].as_u64() >= Some(1), "{st}");
+    let got = s.decrypt_all();
+    let last = (1..10)
+        .rev()
+        .find_map(|n| {
+            got.get(Path::new(
+                version_name("app.log", n).trim_end_matches(".tpmc"),
+            ))
+        })
+        .expect("a ciphertext of app.log");
+    assert_eq!(last, b"line1\nline2\n", "{}", s.log(0));
+}
+
+/// A source moved aside for removal by a daemon killed before the unlink
+/// is renamed back at the next start and encrypted, never removed
+/// unencrypted; if its name was taken meanwhile it is kept under a
+/// `.tpmcrypt-restored.` name and encrypted too.
+#[test]
+fn a_source_moved_aside_by_a_killed_daemon_is_recovered() {
+    let s = Scratch::new();
+    let dead = 2_147_483_646; // no such process
+    let aside = |name: &str| format!(".{name}.tpmcrypt-removing.{dead}.0123456789abcdef");
+    write_file(
+        &s.src().join("sub").join(aside("app.log")),
+        b"moved aside\n",
+    );
+    write_file(&s.src().join(aside("up.txt")), b"older upload\n");
+    write_file(&s.src().join("up.txt"), b"newer upload\n");
+    let child = s.start(0, &["--delete-plaintext"], true);
+    wait_for("SRC to empty", Duration::from_secs(30), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let got = s.decrypt_all();
+    assert_eq!(
+        got[Path::new("sub/app.log")],
+        b"moved aside\n",
+        "{}",
+        s.log(0)
+    );
+    assert_eq!(got[Path::new("up.txt")], b"newer upload\n");
+    let restored: Vec<_> = got
+        .iter()
+        .filter(|(p, _)| {
+            p.to_string_lossy()
+                .starts_with(".up.txt.tpmcrypt-restored.")
+        })
+        .collect();
+    assert_eq!(restored.len(), 1, "{got:?}");
+    assert_eq!(restored[0].1, b"older upload\n");
+    assert_eq!(got.len(), 3, "{:?}", got.keys());
 }

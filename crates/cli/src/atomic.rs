@@ -372,7 +372,7 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     // getrandom never fails for 8 bytes on Linux ≥ 3.17; fall back to the
     // clock so a name is still produced.

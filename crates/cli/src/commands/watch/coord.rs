@@ -167,6 +167,20 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             src.display()
         )));
     }
+    // Files the daemon itself writes: inside SRC each write would be
+    // encrypted again (a new version every interval, or every log line).
+    for (flag, file) in [("--stats-json", &args.stats_json), ("--log", &args.log)] {
+        if let Some(file) = file {
+            let canon = canonical_to_be(file)?;
+            if canon.starts_with(&src) {
+                return Err(usage(format!(
+                    "{flag} {} is inside SRC {}: it would be encrypted again every time it is written",
+                    canon.display(),
+                    src.display()
+                )));
+            }
+        }
+    }
     let dest_created = fs::symlink_metadata(&dest_canon).is_err();
     fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
     let dest = fs::canonicalize(&dest_canon)?;
@@ -243,6 +257,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         delete: args.delete_plaintext,
         session: Mutex::new(Arc::new(session)),
         lease_noted: AtomicBool::new(false),
+        no_lease_warned: Mutex::new(HashSet::new()),
     });
 
     let (work_tx, work_rx) = bounded::<Job>(workers * 2);
@@ -759,6 +774,7 @@ impl Coordinator {
                 skipped += 1;
                 continue;
             }
+            let f = if startup { self.recover_aside(f) } else { f };
             if let Some(p) = present.as_deref_mut() {
                 p.insert(f.rel.clone());
             }
@@ -795,8 +811,72 @@ impl Coordinator {
         unchanged
     }
 
-    /// Makes `rel` due at `due` (de-duplicated by path).
+    /// A source moved aside for removal by a daemon that is gone (killed
+    /// between the move and the unlink) is renamed back to its name, never
+    /// replacing anything; if that cannot be done it stays where it is and
+    /// is encrypted under that name like any file. Never removed.
+    fn recover_aside(&self, f: scan::Found) -> scan::Found {
+        let Some((pid, original)) = f.rel.file_name().and_then(fsio::parse_aside) else {
+            return f;
+        };
+        // At start nothing is moved aside by this process yet: its own PID
+        // there is a previous one's, reused.
+        if pid != std::process::id() as i32 && fsio::pid_alive(pid) {
+            return f;
+        }
+        let Some(original) = original else {
+            warn!(
+                "{}: left by an interrupted removal (its name is unknown): encrypted as it is",
+                show(&f.rel)
+            );
+            return f;
+        };
+        let parent = f.rel.parent().unwrap_or(Path::new(""));
+        let mut back = parent.join(original);
+        let renamed = fsio::open_dir_beneath(&self.ctx.src_root, parent).and_then(|dir| {
+            let aside = f.rel.file_name().unwrap_or_default();
+            match fsio::rename_noreplace(&dir, aside, original) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    // Its name was taken meanwhile: kept under another.
+                    let kept = fsio::aside_name(original, fsio::RESTORED_MARKER);
+                    fsio::rename_noreplace(&dir, aside, &kept)?;
+                    back = parent.join(kept);
+                }
+                r => r?,
+            }
+            fsio::fsync(&dir)
+        });
+        match renamed {
+            Ok(()) => {
+                info!(
+                    "{}: left by an interrupted removal: renamed back to {}",
+                    show(&f.rel),
+                    show(&back)
+                );
+                scan::Found { rel: back, ..f }
+            }
+            Err(e) => {
+                warn!(
+                    "{}: left by an interrupted removal, cannot be renamed back to {}: {e}; \
+                     encrypted as it is",
+                    show(&f.rel),
+                    show(&back)
+                );
+                f
+            }
+        }
+    }
+
+    /// Makes `rel` due at `due` (de-duplicated by path). A source this
+    /// process has moved aside to remove it is not a new file.
     fn schedule(&mut self, rel: PathBuf, due: Instant, event_at: Option<Instant>) {
+        if rel
+            .file_name()
+            .and_then(fsio::parse_aside)
+            .is_some_and(|(pid, _)| pid == std::process::id() as i32)
+        {
+            return;
+        }
         match self.entries.get_mut(&rel) {
             None => {
                 self.entries.insert(
@@ -985,14 +1065,20 @@ impl Coordinator {
         };
         for p in gone {
             // In flight: the worker will find it gone (or, if a new file
-            // took the name, its own events bring it back).
+            // took the name, its own events bring it back). Its record is
+            // kept: the worker itself moves a source aside before removing
+            // it, and puts it back if it changed (or a crash leaves it
+            // aside, renamed back at the next start), and that source's
+            // record says which ciphertext is its own. The outcome settles
+            // the record (Gone removes it).
             if self
                 .entries
                 .get(&p)
-                .is_some_and(|e| e.state != State::InFlight)
+                .is_some_and(|e| e.state == State::InFlight)
             {
-                self.entries.remove(&p);
+                continue;
             }
+            self.entries.remove(&p);
             let removed = self.journal().remove(&p);
             if let Err(e) = removed {
                 self.journal_error(e);
@@ -1017,6 +1103,7 @@ impl Coordinator {
             Outcome::Encrypted {
                 rec,
                 deleted,
+                no_lease,
                 done_at,
                 service,
             } => {
@@ -1033,6 +1120,9 @@ impl Coordinator {
                     }
                     if deleted {
                         s.counters.deleted += 1;
+                    }
+                    if no_lease {
+                        s.counters.kept_no_lease += 1;
                     }
                 }
                 let r = if deleted {
@@ -1065,7 +1155,14 @@ impl Coordinator {
                     .counters
                     .skipped += 1;
             }
-            Outcome::Gone => debug!("{} is gone", show(&rel)),
+            Outcome::Gone => {
+                debug!("{} is gone", show(&rel));
+                // Its record was kept while it was in flight (see forget).
+                let removed = self.journal().remove(&rel);
+                if let Err(err) = removed {
+                    self.journal_error(err);
+                }
+            }
             Outcome::Busy => {
                 e.busy += 1;
                 let wait = backoff(

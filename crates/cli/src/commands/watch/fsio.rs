@@ -223,6 +223,118 @@ pub fn unlink_durably(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
     Ok(())
 }
 
+/// Marker in the name a source is moved to just before its removal:
+/// `.NAME.tpmcrypt-removing.PID.RANDOM` (RANDOM: 16 hex digits; NAME is
+/// left out when the whole would exceed 255 bytes).
+pub const ASIDE_MARKER: &str = ".tpmcrypt-removing.";
+/// Marker in the name a moved-aside source is kept under when it turned
+/// out to be changed and its own name was taken meanwhile:
+/// `.NAME.tpmcrypt-restored.PID.RANDOM`. It is encrypted like any file.
+pub const RESTORED_MARKER: &str = ".tpmcrypt-restored.";
+
+/// `.NAME` + `marker` + this process's PID + `.` + 16 random hex digits
+/// (NAME left out if the name would be too long).
+pub fn aside_name(name: &OsStr, marker: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let suffix = format!(
+        "{marker}{}.{:016x}",
+        std::process::id(),
+        crate::atomic::random_u64()
+    );
+    let mut out = vec![b'.'];
+    if 1 + name.len() + suffix.len() <= 255 {
+        out.extend_from_slice(name.as_bytes());
+    }
+    out.extend_from_slice(suffix.as_bytes());
+    std::ffi::OsString::from_vec(out)
+}
+
+/// If `name` is exactly a moved-aside name (`.NAME.tpmcrypt-removing.PID.
+/// RANDOM`): its PID and, if it was kept in it, NAME.
+pub fn parse_aside(name: &OsStr) -> Option<(i32, Option<&OsStr>)> {
+    let name = name.as_bytes();
+    let marker = ASIDE_MARKER.as_bytes();
+    if name.first() != Some(&b'.') {
+        return None;
+    }
+    let pos = name.windows(marker.len()).rposition(|w| w == marker)?;
+    let rest = std::str::from_utf8(&name[pos + marker.len()..]).ok()?;
+    let (pid, random) = rest.split_once('.')?;
+    if pid.is_empty()
+        || !pid.bytes().all(|b| b.is_ascii_digit())
+        || random.len() != 16
+        || !random.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    let pid = pid.parse().ok()?;
+    let original = &name[1..pos];
+    let original = (!original.is_empty() && original != b"." && original != b"..")
+        .then(|| OsStr::from_bytes(original));
+    Some((pid, original))
+}
+
+/// `renameat2(dir, from, dir, to, RENAME_NOREPLACE)`: never replaces `to`.
+pub fn rename_noreplace(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: valid directory fd and NUL-terminated names.
+    let rc = unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            f.as_ptr(),
+            dir.as_raw_fd(),
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fsync` on a directory (or any fd).
+pub fn fsync(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: valid fd.
+    if unsafe { libc::fsync(fd.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the read lease taken by [`lease`] is still held with no break
+/// pending (a writer opening the file breaks it: `F_GETLEASE` then answers
+/// `F_UNLCK`).
+pub fn lease_intact(file: &File) -> bool {
+    // SAFETY: fcntl on a valid fd.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLEASE) };
+    rc == libc::F_RDLCK
+}
+
+/// Opens the directory `rel` beneath `root` (no symlink followed).
+pub fn open_dir_beneath(root: &File, rel: &Path) -> io::Result<OwnedFd> {
+    let mut dir = openat(root, OsStr::new("."), libc::O_RDONLY | libc::O_DIRECTORY)?;
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => {
+                dir = openat(
+                    &dir,
+                    n,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                )?
+            }
+            Component::CurDir => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "path escapes SRC",
+                ))
+            }
+        }
+    }
+    Ok(dir)
+}
+
 /// Whether process `pid` exists.
 pub fn pid_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
@@ -268,6 +380,22 @@ mod tests {
             open_beneath(&root, Path::new("sub")),
             Err(OpenError::NotRegular(Kind::Dir))
         ));
+    }
+
+    #[test]
+    fn aside_names_round_trip() {
+        let a = aside_name(OsStr::new("app.log"), ASIDE_MARKER);
+        let (pid, name) = parse_aside(&a).unwrap();
+        assert_eq!(pid, std::process::id() as i32);
+        assert_eq!(name, Some(OsStr::new("app.log")));
+        let long = "x".repeat(250);
+        let a = aside_name(OsStr::new(&long), ASIDE_MARKER);
+        assert!(a.len() <= 255);
+        assert_eq!(parse_aside(&a).unwrap().1, None);
+        assert!(parse_aside(OsStr::new("app.log.tpmcrypt-removing.1.0123456789abcdef")).is_none());
+        assert!(parse_aside(OsStr::new(".a.tpmcrypt-removing.1.notahexnumber00")).is_none());
+        let r = aside_name(OsStr::new("a"), RESTORED_MARKER);
+        assert!(parse_aside(&r).is_none());
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct Counters {
     pub changed: u64,
     /// Sources removed after verification (--delete-plaintext).
     pub deleted: u64,
+    /// Encryptions whose source was kept under --delete-plaintext because
+    /// no file lease could be taken on it (an open writer cannot be ruled
+    /// out).
+    pub kept_no_lease: u64,
     /// Files waiting for --settle.
     pub settling: u64,
     /// Files ready, waiting for a worker.
@@ -252,6 +256,12 @@ impl Stats {
             "counter",
             "Plaintexts removed after verification.",
             self.counters.deleted.to_string(),
+        );
+        metric(
+            "kept_no_lease_total",
+            "counter",
+            "Sources kept under --delete-plaintext: no file lease could be taken.",
+            self.counters.kept_no_lease.to_string(),
         );
         metric(
             "settling",

@@ -4,6 +4,7 @@
 //! `--delete-plaintext` verify the ciphertext against the source before
 //! removing the source.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -70,6 +71,8 @@ pub struct Ctx {
     pub session: Mutex<Arc<Session>>,
     /// Whether the "no leases" notice was logged.
     pub lease_noted: AtomicBool,
+    /// Sources already warned about as kept for want of a lease.
+    pub no_lease_warned: Mutex<HashSet<PathBuf>>,
     /// The journal (the coordinator's; a worker records a ciphertext in it
     /// before giving it its final name).
     pub journal: Arc<Mutex<Journal>>,
@@ -209,6 +212,8 @@ pub enum Outcome {
         rec: Record,
         /// The source was verified and removed.
         deleted: bool,
+        /// Kept under --delete-plaintext: no lease could be taken on it.
+        no_lease: bool,
         /// When the ciphertext became durable.
         done_at: Instant,
         /// Time spent by the worker.
@@ -250,9 +255,14 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         Err(OpenError::Io(e)) => return Err(anyhow::Error::from(e).context("cannot open")),
     };
     let st0 = Stamp::of(&file.metadata()?);
-    // A source kept under --delete-plaintext (other hard links) is skipped
+    // Under --delete-plaintext a source is kept when removing it could
+    // lose data: it has other hard links, or no lease can be taken on it
+    // (not the owner and no CAP_LEASE, or unsupported), so that a writer
+    // still holding it open cannot be ruled out. A kept source is skipped
     // like any source when unchanged.
-    let kept = ctx.delete && st0.nlink > 1;
+    let links = ctx.delete && st0.nlink > 1;
+    let no_lease = ctx.delete && !links && fsio::writers(&file) == Writers::Unknown;
+    let kept = links || no_lease;
     if !ctx.delete || kept {
         if let Some(prev) = job.prev {
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
@@ -274,7 +284,12 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
             if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
                 tracing::info!(
                     "file leases are not available here (not the files' owner, or unsupported); \
-                     an open writer is detected by --settle and by re-checking after encryption"
+                     an open writer is detected by --settle and by re-checking after encryption{}",
+                    if ctx.delete {
+                        "; with --delete-plaintext such files are encrypted but kept"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
@@ -321,7 +336,21 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     }
     let done_at = Instant::now();
     let mut deleted = false;
-    if kept {
+    if no_lease {
+        let first = ctx
+            .no_lease_warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(job.rel.clone());
+        if first {
+            warn!(
+                "{}: kept: no file lease can be taken on it (the daemon is not its owner and \
+                 has no CAP_LEASE, or the file system has no leases), so a writer that still \
+                 has it open cannot be ruled out",
+                show(&job.rel)
+            );
+        }
+    } else if kept {
         warn!(
             "{}: kept: it has {} hard links, and removing this name would leave the plaintext \
              under the others",
@@ -329,11 +358,21 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
             st0.nlink
         );
     } else if ctx.delete {
-        verify(&session, &dest, &file).with_context(|| format!("verifying {}", show(&dest)))?;
+        if let Err(e) = verify(&session, &dest, &file) {
+            // Appended to since it was encrypted (a writer's open, close
+            // and settle can all fit in that time): done again, not an
+            // error.
+            if Stamp::of(&file.metadata()?) != st0 {
+                return Ok(Outcome::Changed);
+            }
+            return Err(e.context(format!("verifying {}", show(&dest))));
+        }
         let Some(name) = job.rel.file_name() else {
             bail!("no file name");
         };
-        if !remove_source(&dir, name, &file, &st0).context("removing the verified source")? {
+        if !remove_source(&dir, &job.rel, name, &file, &st0)
+            .context("removing the verified source")?
+        {
             return Ok(Outcome::Changed);
         }
         deleted = true;
@@ -341,6 +380,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     Ok(Outcome::Encrypted {
         rec,
         deleted,
+        no_lease,
         done_at,
         service: done_at - started,
     })
@@ -440,18 +480,27 @@ fn verify(session: &Session, dest: &Path, src: &File) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes the source if it is still exactly what was encrypted: under a
-/// read lease (so no writer has it open, and a new writer's open waits), the
-/// open file is unchanged and the name still refers to it. Returns whether
-/// it was removed.
+/// Removes the source if it is still exactly what was encrypted. Under a
+/// read lease (no writer has it open; a new writer's open breaks the lease
+/// and waits), the open file must be unchanged and its name must still
+/// refer to it. The name is then first moved aside (never replacing
+/// anything) to `.NAME.tpmcrypt-removing.PID.RANDOM`, so that an append
+/// or an upload renamed in from now on lands on a new file, encrypted in
+/// its turn; and only if the moved inode is the one encrypted, unchanged,
+/// with a single name and its lease not being broken, is it unlinked.
+/// Otherwise it is put back under its name (or, if that was taken
+/// meanwhile, kept as `.NAME.tpmcrypt-restored.PID.RANDOM`) to be
+/// encrypted again. Returns whether it was removed.
 fn remove_source(
     dir: &OwnedFd,
+    rel: &Path,
     name: &std::ffi::OsStr,
     file: &File,
     st0: &Stamp,
 ) -> io::Result<bool> {
     let lease = fsio::lease(file);
-    if lease == Writers::Busy {
+    if lease != Writers::None {
+        // Busy: a writer. Unknown cannot happen (such sources are kept).
         return Ok(false);
     }
     let result = (|| {
@@ -462,14 +511,52 @@ fn remove_source(
             Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino => {}
             _ => return Ok(false),
         }
-        match fsio::unlink_durably(dir, name) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
+        let aside = fsio::aside_name(name, fsio::ASIDE_MARKER);
+        match fsio::rename_noreplace(dir, name, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
         }
+        // The rename changes the inode's ctime: size and mtime are
+        // compared; any write would have broken the lease.
+        let moved = fsio::lstat_at(dir, &aside);
+        let now = Stamp::of(&file.metadata()?);
+        let same = matches!(moved, Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino)
+            && (now.dev, now.ino, now.size, now.mtime_ns, now.nlink)
+                == (st0.dev, st0.ino, st0.size, st0.mtime_ns, 1)
+            && fsio::lease_intact(file);
+        if same {
+            fsio::unlink_durably(dir, &aside)?;
+            return Ok(true);
+        }
+        put_back(dir, rel, name, &aside)?;
+        Ok(false)
     })();
-    if lease == Writers::None {
-        fsio::unlease(file);
-    }
+    fsio::unlease(file);
     result
+}
+
+/// Renames a moved-aside source back to `name`, never replacing anything:
+/// if the name was taken meanwhile, the file is kept as
+/// `.NAME.tpmcrypt-restored.PID.RANDOM` (encrypted like any file).
+fn put_back(
+    dir: &OwnedFd,
+    rel: &Path,
+    name: &std::ffi::OsStr,
+    aside: &std::ffi::OsStr,
+) -> io::Result<()> {
+    match fsio::rename_noreplace(dir, aside, name) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let kept = fsio::aside_name(name, fsio::RESTORED_MARKER);
+            fsio::rename_noreplace(dir, aside, &kept)?;
+            warn!(
+                "{}: changed while being removed, and its name was taken meanwhile: kept as {}",
+                show(rel),
+                show(Path::new(&kept))
+            );
+        }
+        Err(e) => return Err(e),
+    }
+    fsio::fsync(dir)
 }
