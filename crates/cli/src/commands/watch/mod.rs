@@ -50,7 +50,8 @@ pub struct WatchArgs {
     pub keys: Vec<String>,
 
     /// Remove each source once its ciphertext is durable and has been
-    /// decrypted and compared with it.
+    /// decrypted and compared with it. A source on which no file lease can
+    /// be taken (the daemon is neither root nor its owner) is kept.
     #[arg(long)]
     pub delete_plaintext: bool,
 

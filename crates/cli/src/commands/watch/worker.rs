@@ -560,3 +560,33 @@ fn put_back(
     }
     fsio::fsync(dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn put_back_never_replaces_a_name_taken_meanwhile() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = OwnedFd::from(File::open(d.path()).unwrap());
+        let aside = fsio::aside_name(OsStr::new("f"), fsio::ASIDE_MARKER);
+        // The name is free: renamed back.
+        fs::write(d.path().join(&aside), b"moved aside").unwrap();
+        put_back(&dir, Path::new("f"), OsStr::new("f"), &aside).unwrap();
+        assert_eq!(fs::read(d.path().join("f")).unwrap(), b"moved aside");
+        assert!(!d.path().join(&aside).exists());
+        // The name was taken (a new upload): both kept.
+        fs::write(d.path().join(&aside), b"older").unwrap();
+        put_back(&dir, Path::new("f"), OsStr::new("f"), &aside).unwrap();
+        assert_eq!(fs::read(d.path().join("f")).unwrap(), b"moved aside");
+        let restored: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".f.tpmcrypt-restored."))
+            .collect();
+        assert_eq!(restored.len(), 1);
+        assert_eq!(fs::read(d.path().join(&restored[0])).unwrap(), b"older");
+        assert!(fsio::parse_aside(&restored[0]).is_none());
+    }
+}
