@@ -1611,13 +1611,6 @@ fn stats_json_or_log_inside_src_is_refused() {
     assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
 }
 
-/// Whether the tests run as root (some need to run the daemon as another
-/// user on root's files, or to trace it).
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The plaintexts of every version of `name` in DEST, concatenated in
 /// version order.
 fn all_versions(got: &HashMap<PathBuf, Vec<u8>>, name: &str) -> Vec<u8> {
@@ -1638,10 +1631,10 @@ fn all_versions(got: &HashMap<PathBuf, Vec<u8>>, name: &str) -> Vec<u8> {
 /// end up encrypted, as further versions.
 #[test]
 fn delete_plaintext_loses_nothing_written_during_the_removal() {
-    if Command::new("strace").arg("-V").output().is_err() {
-        eprintln!("skipped: no strace");
-        return;
-    }
+    assert!(
+        Command::new("strace").arg("-V").output().is_ok(),
+        "strace is needed (installed by scripts/setup-deps)"
+    );
     let s = Scratch::new();
     let stage = s.path().join("stage");
     fs::create_dir(&stage).expect("mkdir stage");
@@ -1713,10 +1706,12 @@ fn delete_plaintext_loses_nothing_written_during_the_removal() {
 /// open loses nothing.
 #[test]
 fn delete_plaintext_keeps_files_it_cannot_lease() {
-    if !is_root() {
-        eprintln!("skipped: needs root (files of another user)");
-        return;
-    }
+    assert_eq!(
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() },
+        0,
+        "this test runs the daemon as another user on root's files: run it as root, as CI does"
+    );
     let s = Scratch::new();
     fs::set_permissions(s.src(), fs::Permissions::from_mode(0o777)).expect("chmod");
     let child = s.start_with(
