@@ -2371,3 +2371,56 @@ fn verbose_reports_the_split_of_the_run() {
     assert!(secs > 0.0, "{split}");
     assert!(split.contains("committing (sync, rename"), "{split}");
 }
+
+/// `--stats-json FILE` writes the run's figures as JSON.
+#[test]
+fn stats_json_gives_the_figures_of_the_run() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir(d.join("t")).unwrap();
+    for i in 0..20 {
+        fs::write(d.join(format!("t/f{i}")), bytes(3000, i)).unwrap();
+    }
+    let res = run(
+        d,
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "-r",
+            "--in-place",
+            "--stats-json",
+            "enc.json",
+            "t",
+        ],
+    );
+    assert_ok(&res, "encrypt");
+    let v: serde_json::Value =
+        serde_json::from_slice(&fs::read(d.join("enc.json")).unwrap()).unwrap();
+    assert_eq!(v["command"], "encrypt");
+    assert_eq!(v["files_ok"], 20);
+    assert_eq!(v["bytes"], 60_000);
+    assert_eq!(v["session"], "own");
+    assert!(v["seconds"].as_f64().unwrap() > 0.0);
+    assert!(v["commit_seconds"].as_f64().unwrap() >= 0.0);
+    let res = run(
+        d,
+        &[
+            "decrypt",
+            "-i",
+            "id",
+            "-r",
+            "--in-place",
+            "--stats-json",
+            "dec.json",
+            "t",
+        ],
+    );
+    assert_ok(&res, "decrypt");
+    let v: serde_json::Value =
+        serde_json::from_slice(&fs::read(d.join("dec.json")).unwrap()).unwrap();
+    assert_eq!(v["command"], "decrypt");
+    assert_eq!(v["files_ok"], 20);
+    assert_eq!(v["session_key_unwraps"], 1);
+    assert_eq!(v["tpm_unbinds"], 0);
+}

@@ -158,6 +158,11 @@ pub struct FileArgs {
     #[arg(short = 'j', long, value_name = "N")]
     pub jobs: Option<usize>,
 
+    /// Write the run's figures (files, bytes, time, files/s, commit time,
+    /// unwraps, TPM unbinds and time) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+
     /// Force a crypto backend (default: the fastest measured for the mode).
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,

@@ -1002,6 +1002,7 @@ mod tests {
             force: false,
             no_sync: false,
             jobs: None,
+            stats_json: None,
             backend: None,
             inputs: inputs.iter().map(PathBuf::from).collect(),
         }

@@ -88,6 +88,15 @@ pub enum SessionSource {
 }
 
 impl SessionSource {
+    /// For `--stats-json`.
+    pub fn token(self) -> &'static str {
+        match self {
+            SessionSource::Own => "own",
+            SessionSource::Started => "started",
+            SessionSource::Joined => "joined",
+        }
+    }
+
     /// For the -v summary.
     pub fn describe(self) -> &'static str {
         match self {

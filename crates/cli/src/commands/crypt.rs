@@ -73,6 +73,8 @@ pub struct Timing {
     pub start: std::time::Instant,
     /// Time spent with the TPM, if it was used.
     pub tpm: Option<std::time::Duration>,
+    /// How `encrypt` came by its session.
+    pub session: Option<&'static str>,
 }
 
 fn finish(
@@ -82,7 +84,11 @@ fn finish(
     verb: &str,
     unwraps: Option<(u64, u64)>,
     timing: Timing,
-) -> i32 {
+    stats_json: Option<&std::path::Path>,
+) -> anyhow::Result<i32> {
+    if let Some(path) = stats_json {
+        write_stats(path, &summary, plan, verb, unwraps, &timing)?;
+    }
     if ui.verbose {
         let mut line = format!(
             "tpmcrypt: {verb} {} file(s), {} bytes",
@@ -108,7 +114,40 @@ fn finish(
         }
         eprintln!("{split}");
     }
-    summary.first_code.unwrap_or(crate::exit::OK)
+    Ok(summary.first_code.unwrap_or(crate::exit::OK))
+}
+
+/// `--stats-json FILE`: the figures of `-v` as JSON (documented in
+/// docs/bench.md), written whole or not at all.
+fn write_stats(
+    path: &std::path::Path,
+    summary: &Summary,
+    plan: &files::Plan,
+    verb: &str,
+    unwraps: Option<(u64, u64)>,
+    timing: &Timing,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let secs = timing.start.elapsed().as_secs_f64();
+    let stats = serde_json::json!({
+        "command": if verb == "encrypted" { "encrypt" } else { "decrypt" },
+        "files_ok": summary.ok,
+        "files_failed": summary.failed,
+        "files_skipped": plan.skipped.len(),
+        "bytes": summary.bytes,
+        "seconds": secs,
+        "files_per_second": summary.ok as f64 / secs.max(1e-9),
+        "commit_seconds": summary.durable_wait.as_secs_f64(),
+        "session_key_unwraps": unwraps.map(|u| u.0),
+        "tpm_unbinds": unwraps.map(|u| u.1),
+        "tpm_ms": timing.tpm.map(|t| t.as_secs_f64() * 1e3),
+        "session": timing.session,
+    });
+    let text = serde_json::to_string_pretty(&stats)? + "\n";
+    let label = || files::shown(path);
+    let mut out = crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;
+    std::io::Write::write_all(out.file(), text.as_bytes()).with_context(label)?;
+    out.commit().with_context(label)
 }
 
 /// Runs `encrypt`.
@@ -163,14 +202,19 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if ui.verbose {
         eprintln!("tpmcrypt: encrypted in {}", source.describe());
     }
-    Ok(finish(
+    finish(
         summary,
         &plan,
         ui,
         "encrypted",
         None,
-        Timing { start, tpm: None },
-    ))
+        Timing {
+            start,
+            tpm: None,
+            session: Some(source.token()),
+        },
+        args.files.stats_json.as_deref(),
+    )
 }
 
 /// Runs `decrypt`.
@@ -202,7 +246,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         decryptor.decrypt_file(input, output, stream)
     });
     let summary = with_walk_failures(summary, &plan);
-    Ok(finish(
+    finish(
         summary,
         &plan,
         ui,
@@ -211,6 +255,8 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         Timing {
             start,
             tpm: Some(access.busy()),
+            session: None,
         },
-    ))
+        args.files.stats_json.as_deref(),
+    )
 }
