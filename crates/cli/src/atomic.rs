@@ -433,7 +433,15 @@ pub fn clean_stale_partials_once(dest: &Path) -> usize {
 
 /// The PID in a name of the exact form of a temporary, if it is one.
 fn stale_temporary_pid(name: &[u8]) -> Option<i32> {
-    let marker = PARTIAL_MARKER.as_bytes();
+    parse_marked(name, PARTIAL_MARKER).map(|(_, pid)| pid)
+}
+
+/// Parses a name of the exact form tpmcrypt gives the files it keeps for
+/// a while (`.NAME` + `marker` + `PID.` + 16 hex digits: temporaries, and
+/// the watch daemon's moved-aside sources): NAME and PID. The last marker
+/// counts, so NAME may itself contain one.
+pub fn parse_marked<'a>(name: &'a [u8], marker: &str) -> Option<(&'a [u8], i32)> {
+    let marker = marker.as_bytes();
     if !name.starts_with(b".") {
         return None;
     }
@@ -445,11 +453,12 @@ fn stale_temporary_pid(name: &[u8]) -> Option<i32> {
         && pid.iter().all(u8::is_ascii_digit)
         && hex.len() == 16
         && hex.iter().all(u8::is_ascii_hexdigit);
-    ok.then(|| std::str::from_utf8(pid).ok()?.parse().ok())
-        .flatten()
+    let pid = std::str::from_utf8(pid).ok()?.parse().ok()?;
+    ok.then_some((&name[1..at], pid))
 }
 
-fn pid_alive(pid: i32) -> bool {
+/// Whether process `pid` exists.
+pub fn pid_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

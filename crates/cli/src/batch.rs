@@ -202,9 +202,9 @@ fn make_durable<T>(mut pending: Vec<Pending<T>>) -> Synced<T> {
         let r = p.out.sync().map_err(CommitError::Sync);
         return vec![(p, r)];
     }
+    let devs: Vec<u64> = pending.iter().map(|p| p.out.file_dev()).collect();
     let mut devices: Vec<(u64, Result<(), io::Error>)> = Vec::new();
-    for p in &pending {
-        let dev = p.out.file_dev();
+    for (p, &dev) in pending.iter().zip(&devs) {
         if devices.iter().any(|(d, _)| *d == dev) {
             continue;
         }
@@ -219,8 +219,8 @@ fn make_durable<T>(mut pending: Vec<Pending<T>>) -> Synced<T> {
     }
     pending
         .into_iter()
-        .map(|mut p| {
-            let dev = p.out.file_dev();
+        .zip(devs)
+        .map(|(mut p, dev)| {
             let fs_ok = devices.iter().any(|(d, r)| *d == dev && r.is_ok());
             let r = if fs_ok {
                 p.out.mark_synced();

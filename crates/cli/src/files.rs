@@ -528,7 +528,7 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     for (i, task) in tasks.iter().enumerate() {
         // An input that may block (a FIFO, stdin, a device) must not hold
         // back outputs that are complete already.
-        if !batch.is_empty() && !is_regular_input(&task.source) {
+        if !batch.is_empty() && !is_regular_input(task) {
             commit(&mut batch, tasks, opts, &mut summary);
         }
         match run_one(i, task, opts, transform) {
@@ -677,9 +677,11 @@ fn commit(
     }
 }
 
-fn is_regular_input(source: &Source) -> bool {
-    match source {
+fn is_regular_input(task: &Task) -> bool {
+    match &task.source {
         Source::Stdin => false,
+        // The walk takes regular files only: no second stat of each.
+        Source::File(_) if task.walked => true,
         Source::File(p) => fs::metadata(p).is_ok_and(|m| m.is_file()),
     }
 }

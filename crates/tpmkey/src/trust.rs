@@ -202,16 +202,6 @@ pub fn read_private_file(path: &Path, what: &str) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-/// Checks a file the caller keeps secrets or trusted keys in: a regular
-/// file (not a symlink), owned by the caller, not writable by others.
-pub fn check_private_file(path: &Path, what: &str) -> Result<()> {
-    let meta = fs::symlink_metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(untrusted(path, format!("{what} is not a regular file")));
-    }
-    check_private(path, &meta, what)
-}
-
 /// The uid of the process at the other end of a connected Unix socket.
 pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     let mut cred = libc::ucred {
@@ -234,14 +224,6 @@ pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(cred.uid)
-}
-
-/// A path with its reason, for warnings that name what was not trusted.
-pub fn describe(err: &Error) -> Option<(PathBuf, String)> {
-    match err {
-        Error::Untrusted { path, why } => Some((path.clone(), why.clone())),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -275,8 +257,8 @@ mod tests {
         fs::write(&file, b"x").unwrap();
         assert!(check_private_dir(&file, "dir").is_err());
         fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
-        check_private_file(&file, "file").unwrap();
+        assert_eq!(read_private_file(&file, "file").unwrap(), b"x");
         fs::set_permissions(&file, fs::Permissions::from_mode(0o646)).unwrap();
-        assert!(check_private_file(&file, "file").is_err());
+        assert!(read_private_file(&file, "file").is_err());
     }
 }

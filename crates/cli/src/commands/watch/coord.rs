@@ -821,7 +821,7 @@ impl Coordinator {
         };
         // At start nothing is moved aside by this process yet: its own PID
         // there is a previous one's, reused.
-        if pid != std::process::id() as i32 && fsio::pid_alive(pid) {
+        if pid != std::process::id() as i32 && crate::atomic::pid_alive(pid) {
             return f;
         }
         let Some(original) = original else {

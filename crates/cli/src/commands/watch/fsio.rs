@@ -252,23 +252,7 @@ pub fn aside_name(name: &OsStr, marker: &str) -> std::ffi::OsString {
 /// If `name` is exactly a moved-aside name (`.NAME.tpmcrypt-removing.PID.
 /// RANDOM`): its PID and, if it was kept in it, NAME.
 pub fn parse_aside(name: &OsStr) -> Option<(i32, Option<&OsStr>)> {
-    let name = name.as_bytes();
-    let marker = ASIDE_MARKER.as_bytes();
-    if name.first() != Some(&b'.') {
-        return None;
-    }
-    let pos = name.windows(marker.len()).rposition(|w| w == marker)?;
-    let rest = std::str::from_utf8(&name[pos + marker.len()..]).ok()?;
-    let (pid, random) = rest.split_once('.')?;
-    if pid.is_empty()
-        || !pid.bytes().all(|b| b.is_ascii_digit())
-        || random.len() != 16
-        || !random.bytes().all(|b| b.is_ascii_hexdigit())
-    {
-        return None;
-    }
-    let pid = pid.parse().ok()?;
-    let original = &name[1..pos];
+    let (original, pid) = crate::atomic::parse_marked(name.as_bytes(), ASIDE_MARKER)?;
     let original = (!original.is_empty() && original != b"." && original != b"..")
         .then(|| OsStr::from_bytes(original));
     Some((pid, original))
@@ -333,13 +317,6 @@ pub fn open_dir_beneath(root: &File, rel: &Path) -> io::Result<OwnedFd> {
         }
     }
     Ok(dir)
-}
-
-/// Whether process `pid` exists.
-pub fn pid_alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Ignores SIGIO (a lease break would otherwise kill the process).

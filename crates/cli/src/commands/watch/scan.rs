@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::fsio::{self, Kind};
+use super::fsio::Kind;
 use crate::atomic::PARTIAL_MARKER;
 
 /// An entry found by a scan.
@@ -75,27 +75,7 @@ pub fn walk(
 /// its PID. A ciphertext never matches (its name ends in `.tpmc`), even
 /// when its source's name contains the marker.
 fn partial_pid(name: &OsStr) -> Option<i32> {
-    let name = name.as_bytes();
-    let marker = PARTIAL_MARKER.as_bytes();
-    if name.first() != Some(&b'.') {
-        return None;
-    }
-    let pos = name.windows(marker.len()).rposition(|w| w == marker)?;
-    let rest = std::str::from_utf8(&name[pos + marker.len()..]).ok()?;
-    let (pid, random) = rest.split_once('.')?;
-    let digits = |s: &str, hex: bool| {
-        s.bytes().all(|b| {
-            if hex {
-                b.is_ascii_hexdigit()
-            } else {
-                b.is_ascii_digit()
-            }
-        })
-    };
-    if pid.is_empty() || !digits(pid, false) || random.len() != 16 || !digits(random, true) {
-        return None;
-    }
-    pid.parse().ok()
+    crate::atomic::parse_marked(name.as_bytes(), PARTIAL_MARKER).map(|(_, pid)| pid)
 }
 
 /// Removes temporaries (`.NAME.tpmcrypt-partial.PID.RANDOM`) left under
@@ -122,7 +102,9 @@ pub fn clean_partials(dest: &Path, src: &Path) -> usize {
             };
             // Our own PID cannot own a temporary yet: it is a previous
             // process's that had the same PID.
-            if (pid == me || !fsio::pid_alive(pid)) && fs::remove_file(entry.path()).is_ok() {
+            if (pid == me || !crate::atomic::pid_alive(pid))
+                && fs::remove_file(entry.path()).is_ok()
+            {
                 removed += 1;
             }
         }
