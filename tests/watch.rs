@@ -795,7 +795,12 @@ fn metrics_sighup_and_rotation() {
     );
     assert_eq!(r.code, 2, "{}", r.stderr);
 
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    // A port the kernel just found free (one derived from the PID could be
+    // any other process's, e.g. another test's swtpm: "Address in use").
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
     let addr = format!("127.0.0.1:{port}");
     let logfile = s.path().join("daemon.log");
     let child = s.start(
