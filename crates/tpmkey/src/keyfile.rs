@@ -27,7 +27,6 @@
 //! `pcrDigest || TPML_PCR_SELECTION`, then TPM2_PolicyAuthValue with empty
 //! parameters.
 
-use base64::Engine as _;
 use openssl::bn::{BigNum, BigNumContext};
 use openssl::ec::{EcGroup, EcKey};
 use openssl::nid::Nid;
@@ -38,18 +37,9 @@ use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::structures::{EccScheme, HashScheme, Private, Public, PublicBuffer, RsaScheme};
 use tss_esapi::traits::{Marshall, UnMarshall};
 
-use crate::der::{self, DerError, Reader};
+use crate::asn1::{self, Asn1Error, LaxBool, TpmKey, TpmPolicy, PEM_LABEL};
 use crate::error::{Error, Result};
 use crate::pcr::PcrSelection;
-
-/// DER of OID 2.23.133.10.1.3 (id-loadablekey).
-const OID_LOADABLE_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x03];
-/// DER of OID 2.23.133.10.1.4 (id-importablekey).
-const OID_IMPORTABLE_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x04];
-/// DER of OID 2.23.133.10.1.5 (id-sealedkey).
-const OID_SEALED_KEY: &[u8] = &[0x67, 0x81, 0x05, 0x0A, 0x01, 0x05];
-
-const PEM_LABEL: &str = "TSS2 PRIVATE KEY";
 
 /// TPM_CC_PolicyPCR.
 pub const TPM_CC_POLICY_PCR: u32 = 0x0000_017F;
@@ -133,9 +123,9 @@ fn kf<T>(m: impl Into<String>) -> Result<T> {
     Err(Error::KeyFile(m.into()))
 }
 
-impl From<DerError> for Error {
-    fn from(e: DerError) -> Self {
-        Error::KeyFile(format!("DER: {}", e.0))
+impl From<Asn1Error> for Error {
+    fn from(e: Asn1Error) -> Self {
+        Error::KeyFile(e.0)
     }
 }
 
@@ -188,78 +178,29 @@ fn tpm2b_payload(data: &[u8], what: &str) -> Result<Vec<u8>> {
 impl KeyBlob {
     /// Parses DER.  Never panics; any structural problem is [`Error::KeyFile`].
     pub fn from_der(data: &[u8]) -> Result<KeyBlob> {
-        let mut outer = Reader::new(data);
-        let seq = outer.read(der::TAG_SEQUENCE)?;
-        outer.finish()?;
-        let mut r = Reader::new(seq);
-
-        let oid = r.read(der::TAG_OID)?;
-        if oid == OID_IMPORTABLE_KEY {
-            return kf(
-                "importable TPM keys (OID 2.23.133.10.1.4) are not supported; load it \
-                       with tpm2-tools and re-encode it with tpm2_encodeobject",
-            );
-        }
-        if oid == OID_SEALED_KEY {
-            return kf("this is a sealed data object (OID 2.23.133.10.1.5), not a key");
-        }
-        if oid != OID_LOADABLE_KEY {
-            return kf("not a TPM loadable key (wrong OID)");
-        }
-
-        let mut blob = KeyBlob {
-            parent: 0,
-            empty_auth: false,
-            policy: Vec::new(),
-            description: None,
-            rsa_parent: false,
-            public: Vec::new(),
-            private: Vec::new(),
-        };
-
-        // Optional context-tagged fields, in increasing tag order.
-        let mut last_tag: Option<u8> = None;
-        while let Some(tag) = r.peek_tag() {
-            if tag & 0xE0 != 0xA0 {
-                break;
-            }
-            let n = tag & 0x1F;
-            if last_tag.is_some_and(|l| n <= l) {
-                return kf("optional fields out of order or repeated");
-            }
-            last_tag = Some(n);
-            let content = r.read(tag)?;
-            let mut inner = Reader::new(content);
-            match n {
-                0 => blob.empty_auth = inner.read_bool()?,
-                1 => blob.policy = parse_policy_seq(inner.read(der::TAG_SEQUENCE)?)?,
-                2 => return kf("key has an import secret; only loadable keys are supported"),
-                3 => return kf("key uses signed (authorized) policies, which are not supported"),
-                4 => {
-                    let s = inner.read(der::TAG_UTF8_STRING)?;
-                    let s = std::str::from_utf8(s)
-                        .map_err(|_| Error::KeyFile("description is not UTF-8".into()))?;
-                    blob.description = Some(s.to_string());
-                }
-                5 => blob.rsa_parent = inner.read_bool()?,
-                _ => return kf(format!("unknown optional field [{n}]")),
-            }
-            inner.finish()?;
-        }
-
-        blob.parent = r.read_u32()?;
-        let public = r.read(der::TAG_OCTET_STRING)?;
-        let private = r.read(der::TAG_OCTET_STRING)?;
-        // Later revisions of the format may append fields; we ignore extras
-        // only if they are well-formed TLVs.
-        while !r.is_empty() {
-            r.read_any()?;
-        }
-        if public.len() > MAX_TPM2B + 2 || private.len() > MAX_TPM2B + 2 {
+        let key = TpmKey::decode_strict(data)?;
+        if key.pubkey.as_bytes().len() > MAX_TPM2B + 2
+            || key.privkey.as_bytes().len() > MAX_TPM2B + 2
+        {
             return kf("TPM structures too large");
         }
-        blob.public = public.to_vec();
-        blob.private = private.to_vec();
+        let policy = key
+            .policy
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| PolicyCommand {
+                command_code: p.command_code,
+                command_policy: p.command_policy.as_bytes().to_vec(),
+            });
+        let blob = KeyBlob {
+            parent: key.parent,
+            empty_auth: key.empty_auth.is_some_and(|b| b.0),
+            policy: policy.collect(),
+            description: key.description.map(|d| d.as_str().to_string()),
+            rsa_parent: key.rsa_parent.is_some_and(|b| b.0),
+            public: key.pubkey.as_bytes().to_vec(),
+            private: key.privkey.as_bytes().to_vec(),
+        };
         blob.validate()?;
         Ok(blob)
     }
@@ -295,43 +236,53 @@ impl KeyBlob {
         Ok(())
     }
 
-    /// Encodes DER.
+    /// Encodes DER: emptyAuth always, the policy when there is one, the
+    /// description when set and rsaParent when TRUE.
+    ///
+    /// # Panics
+    ///
+    /// If a field is larger than DER lengths allow here (256 MiB), which
+    /// no blob that was parsed or made by a TPM can be.
     pub fn to_der(&self) -> Vec<u8> {
-        let mut body = der::tlv(der::TAG_OID, OID_LOADABLE_KEY);
-        body.extend(der::tlv(der::context(0), &der::boolean(self.empty_auth)));
-        if !self.policy.is_empty() {
-            let mut seq = Vec::new();
-            for p in &self.policy {
-                let mut item = der::tlv(der::context(0), &der::integer_u32(p.command_code));
-                item.extend(der::tlv(
-                    der::context(1),
-                    &der::tlv(der::TAG_OCTET_STRING, &p.command_policy),
-                ));
-                seq.extend(der::tlv(der::TAG_SEQUENCE, &item));
-            }
-            body.extend(der::tlv(
-                der::context(1),
-                &der::tlv(der::TAG_SEQUENCE, &seq),
-            ));
-        }
-        if let Some(d) = &self.description {
-            body.extend(der::tlv(
-                der::context(4),
-                &der::tlv(der::TAG_UTF8_STRING, d.as_bytes()),
-            ));
-        }
-        if self.rsa_parent {
-            body.extend(der::tlv(der::context(5), &der::boolean(true)));
-        }
-        body.extend(der::integer_u32(self.parent));
-        body.extend(der::tlv(der::TAG_OCTET_STRING, &self.public));
-        body.extend(der::tlv(der::TAG_OCTET_STRING, &self.private));
-        der::tlv(der::TAG_SEQUENCE, &body)
+        use der::Encode as _;
+        self.to_asn1()
+            .and_then(|key| key.to_der())
+            .expect("a key blob's fields fit DER lengths")
+    }
+
+    /// The blob as the format's ASN.1 structure, borrowing its fields.
+    fn to_asn1(&self) -> der::Result<TpmKey<'_>> {
+        let policy = self
+            .policy
+            .iter()
+            .map(|p| {
+                Ok(TpmPolicy {
+                    command_code: p.command_code,
+                    command_policy: der::asn1::OctetStringRef::new(&p.command_policy)?,
+                })
+            })
+            .collect::<der::Result<Vec<_>>>()?;
+        Ok(TpmKey {
+            key_type: asn1::OID_LOADABLE_KEY,
+            empty_auth: Some(LaxBool(self.empty_auth)),
+            policy: (!policy.is_empty()).then_some(policy),
+            secret: None,
+            auth_policy: None,
+            description: self
+                .description
+                .as_deref()
+                .map(der::asn1::Utf8StringRef::new)
+                .transpose()?,
+            rsa_parent: self.rsa_parent.then_some(LaxBool(true)),
+            parent: self.parent,
+            pubkey: der::asn1::OctetStringRef::new(&self.public)?,
+            privkey: der::asn1::OctetStringRef::new(&self.private)?,
+        })
     }
 
     /// Parses a `-----BEGIN TSS2 PRIVATE KEY-----` PEM.
     pub fn from_pem(pem: &str) -> Result<KeyBlob> {
-        let der = pem_decode(pem, PEM_LABEL)?;
+        let der = asn1::pem_decode(pem, PEM_LABEL)?;
         KeyBlob::from_der(&der)
     }
 
@@ -342,21 +293,17 @@ impl KeyBlob {
     /// last two together; an importer needs them apart, because tpm2-tools
     /// up to 5.4 writes an explicit FALSE for keys *without* a password.
     pub fn declared_empty_auth(pem: &str) -> Result<Option<bool>> {
-        let der = pem_decode(pem, PEM_LABEL)?;
-        let mut outer = Reader::new(&der);
-        let seq = outer.read(der::TAG_SEQUENCE)?;
-        let mut r = Reader::new(seq);
-        r.read(der::TAG_OID)?;
-        if r.peek_tag() != Some(der::context(0)) {
-            return Ok(None);
-        }
-        let content = r.read(der::context(0))?;
-        Ok(Some(Reader::new(content).read_bool()?))
+        let der = asn1::pem_decode(pem, PEM_LABEL)?;
+        Ok(TpmKey::decode_strict(&der)?.empty_auth.map(|b| b.0))
     }
 
-    /// Encodes as a `TSS2 PRIVATE KEY` PEM.
+    /// Encodes as a `TSS2 PRIVATE KEY` PEM (64-column lines, LF).
+    ///
+    /// # Panics
+    ///
+    /// As [`KeyBlob::to_der`].
     pub fn to_pem(&self) -> String {
-        pem_encode(&self.to_der(), PEM_LABEL)
+        asn1::pem_encode(&self.to_der(), PEM_LABEL).expect("a key file's DER fits PEM")
     }
 
     /// The public area.
@@ -565,38 +512,6 @@ fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
     Ok(digest)
 }
 
-fn parse_policy_seq(data: &[u8]) -> Result<Vec<PolicyCommand>> {
-    let mut r = Reader::new(data);
-    let mut out = Vec::new();
-    while !r.is_empty() {
-        if out.len() >= 32 {
-            return kf("too many policy commands");
-        }
-        let item = r.read(der::TAG_SEQUENCE)?;
-        let mut ir = Reader::new(item);
-        let code = {
-            let c = ir.read(der::context(0))?;
-            let mut cr = Reader::new(c);
-            let v = cr.read_u32()?;
-            cr.finish()?;
-            v
-        };
-        let body = {
-            let c = ir.read(der::context(1))?;
-            let mut cr = Reader::new(c);
-            let v = cr.read(der::TAG_OCTET_STRING)?.to_vec();
-            cr.finish()?;
-            v
-        };
-        ir.finish()?;
-        out.push(PolicyCommand {
-            command_code: code,
-            command_policy: body,
-        });
-    }
-    Ok(out)
-}
-
 /// Builds the PolicyPCR command parameters: TPM2B_DIGEST pcrDigest ||
 /// TPML_PCR_SELECTION pcrs.
 pub(crate) fn policy_pcr_command(sel: &PcrSelection, pcr_digest: &[u8]) -> Result<PolicyCommand> {
@@ -626,43 +541,6 @@ pub(crate) fn parse_policy_pcr(body: &[u8]) -> Result<(PcrSelection, Vec<u8>)> {
     Ok((sel, digest.to_vec()))
 }
 
-/// Decodes a PEM block with the given label.  Tolerates CRLF and
-/// surrounding text; rejects anything else.
-pub(crate) fn pem_decode(pem: &str, label: &str) -> Result<Vec<u8>> {
-    let begin = format!("-----BEGIN {label}-----");
-    let end = format!("-----END {label}-----");
-    let start = pem
-        .find(&begin)
-        .ok_or_else(|| Error::KeyFile(format!("no '{begin}' line")))?;
-    let after = &pem[start + begin.len()..];
-    let stop = after
-        .find(&end)
-        .ok_or_else(|| Error::KeyFile(format!("no '{end}' line")))?;
-    let b64: String = after[..stop]
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
-    if b64.len() > 1 << 20 {
-        return kf("PEM too large");
-    }
-    base64::engine::general_purpose::STANDARD
-        .decode(b64.as_bytes())
-        .map_err(|e| Error::KeyFile(format!("bad base64 in PEM: {e}")))
-}
-
-/// Encodes PEM with 64-column lines.
-pub(crate) fn pem_encode(der: &[u8], label: &str) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        // base64 output is ASCII, so every chunk is valid UTF-8.
-        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,7 +555,7 @@ mod tests {
         assert_eq!(blob.parent, PARENT_OWNER_PRIMARY);
         assert_eq!(blob.alg().unwrap(), KeyAlg::Rsa2048);
         assert!(blob.policy.is_empty());
-        let der = pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
+        let der = asn1::pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
         assert_eq!(blob.to_der(), der, "re-encoding must be byte-identical");
         assert_eq!(KeyBlob::from_pem(&blob.to_pem()).unwrap(), blob);
         assert!(blob
@@ -787,7 +665,7 @@ mod tests {
 
     #[test]
     fn every_truncation_fails_cleanly() {
-        let der = pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
+        let der = asn1::pem_decode(TPM2_TOOLS_PEM, PEM_LABEL).unwrap();
         for i in 0..der.len() {
             assert!(KeyBlob::from_der(&der[..i]).is_err());
         }

@@ -19,7 +19,7 @@
 //! * [`error`]     – the [`Error`] type and how it maps to CLI exit codes.
 
 pub mod agent;
-mod der;
+mod asn1;
 pub mod error;
 pub mod keyfile;
 pub mod keystore;
