@@ -206,8 +206,12 @@ struct AgentProc(Option<Child>);
 
 impl AgentProc {
     fn start(dir: &Path) -> AgentProc {
+        Self::start_with_ttl(dir, "5m")
+    }
+
+    fn start_with_ttl(dir: &Path, ttl: &str) -> AgentProc {
         let child = tpmcrypt(dir)
-            .args(["agent", "--ttl", "5m"])
+            .args(["agent", "--ttl", ttl])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -537,6 +541,78 @@ fn encrypt_runs_join_the_agents_session() {
         );
     }
     assert_no_handles(&sim, d, "decrypt");
+}
+
+/// How many copies of `needle` the process `pid` holds in its writable
+/// memory (heap, anonymous mappings, stack), read through /proc/PID/mem.
+fn copies_in_memory(pid: u32, needle: &[u8]) -> usize {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mut mem = fs::File::open(format!("/proc/{pid}/mem")).expect("open /proc/PID/mem");
+    let mut found = 0;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let path = parts.nth(3).unwrap_or("");
+        let anonymous = path.is_empty() || path.starts_with('[');
+        if !perms.starts_with("rw") || !anonymous || path == "[vvar]" {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        found += buf.windows(needle.len()).filter(|w| *w == needle).count();
+    }
+    found
+}
+
+/// A session handed to the agent by `encrypt` is wiped from the agent's
+/// memory when it expires: no copy of the key is left in its heap (the
+/// request it arrived in was read into a growing buffer, and every
+/// growth left an unwiped copy behind).
+#[test]
+fn an_expired_session_leaves_no_copy_of_its_key_in_the_agents_memory() {
+    let dir = scratch();
+    let d = dir.path();
+    let recipient = recovery(d, "rec.key");
+    let mut agent = AgentProc::start_with_ttl(d, "3s");
+    let pid = agent.child().id();
+    fs::write(d.join("f"), b"secret data").unwrap();
+    let r = plain(d, &["-v", "encrypt", "-R", &recipient, "f"]);
+    assert_ok(&r, "encrypt");
+    assert!(
+        r.stderr.contains("shared through the agent"),
+        "{}",
+        r.stderr
+    );
+    let key = reveal_session_key(d, "f.tpmc", "rec.key");
+    // The scan sees the key while the agent holds it.
+    assert!(copies_in_memory(pid, &key) >= 1, "scan self-check");
+    // The agent drops what expired by itself (within 250 ms).
+    std::thread::sleep(Duration::from_millis(3800));
+    assert_eq!(
+        copies_in_memory(pid, &key),
+        0,
+        "the expired session key is still in the agent's memory"
+    );
+}
+
+fn reveal_session_key(dir: &Path, file: &str, id: &str) -> Vec<u8> {
+    let r = plain(
+        dir,
+        &["inspect", "--json", "-i", id, "--reveal-session-key", file],
+    );
+    assert_ok(&r, "inspect --reveal-session-key");
+    let v: Value = serde_json::from_slice(&r.stdout).expect("JSON");
+    hex::decode(v["session_key"].as_str().expect("session_key")).expect("hex")
 }
 
 // ---------------------------------------------------------------- 3. PCR policy

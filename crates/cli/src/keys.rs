@@ -146,9 +146,8 @@ pub fn keystore(ui: &crate::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
     Ok(store)
 }
 
-/// The recipients a file encrypted to keystore key `name` gets: the key's
-/// public half, taken from its key file (no TPM needed) and checked against
-/// `NAME.pub.pem`, and any recovery recipients recorded for it.
+/// The recipients a file encrypted to keystore key `name` gets (see
+/// [`tpmcrypt_tpmkey::identity::key_recipients`]).
 pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
     let store = keystore(ui)?;
     tpmcrypt_tpmkey::keystore::validate_name(name)?;
@@ -158,26 +157,14 @@ pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn 
             store.dir().display()
         )));
     }
-    let (der, meta) = store.public_key_der(name)?;
-    let pem = openssl::pkey::PKey::public_key_from_der(&der)
-        .and_then(|k| k.public_key_to_pem())
-        .with_context(|| store.key_path(name).display().to_string())?;
-    let mut recipients = vec![recipient::tpm_recipient_from_pem(&pem)
-        .with_context(|| store.key_path(name).display().to_string())?];
-    for r in &meta.recovery {
-        recipients.push(Box::new(
-            recovery::parse_recipient(r)
-                .with_context(|| format!("key {name}: recovery recipient"))?,
-        ));
-    }
-    Ok(recipients)
+    Ok(tpmcrypt_tpmkey::identity::key_recipients(&store, name)?)
 }
 
 /// Every key of the keystore as an identity (nothing is read from the TPM
 /// until a file is addressed to one of them). An absent keystore is empty.
 pub fn keystore_identities(
     ui: &crate::Ui,
-    access: &std::sync::Arc<crate::tpm::TpmAccess>,
+    access: &std::sync::Arc<tpmcrypt_tpmkey::identity::TpmAccess>,
 ) -> anyhow::Result<Vec<Box<dyn Identity>>> {
     let dir = match &ui.keystore {
         Some(d) => d.clone(),
@@ -199,28 +186,17 @@ pub fn keystore_identities(
         );
     };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
-    if let Err(e) = store.check_trusted() {
-        warn("not using the keystore".into(), &e);
-        return Ok(Vec::new());
-    }
-    let names = match store.list() {
-        Ok(names) => names,
+    let pins = crate::tpm::pins();
+    match tpmcrypt_tpmkey::identity::keystore_identities(&store, access, &pins) {
+        Ok(found) => {
+            for (name, e) in &found.skipped {
+                warn(format!("keystore key {name} skipped"), e);
+            }
+            Ok(found.identities)
+        }
         Err(e) => {
             warn("not using the keystore".into(), &e);
-            return Ok(Vec::new());
-        }
-    };
-    let pins = std::sync::Arc::new(crate::tpm::Pins::default());
-    let mut out = Vec::new();
-    for name in names {
-        let identity = store
-            .load(&name)
-            .map_err(anyhow::Error::from)
-            .and_then(|(blob, meta)| crate::tpm::identity(&name, blob, &meta, access, &pins));
-        match identity {
-            Ok(identity) => out.push(identity),
-            Err(e) => warn(format!("keystore key {name} skipped"), &e),
+            Ok(Vec::new())
         }
     }
-    Ok(out)
 }

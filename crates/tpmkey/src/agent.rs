@@ -45,6 +45,8 @@
 //! made; then the next `encrypt` starts a new one. Session keys stay in the
 //! agent's locked memory only, and the same socket rules apply.
 
+pub mod session;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -58,6 +60,7 @@ use zeroize::Zeroize;
 
 use crate::error::{Error, Result};
 use crate::trust;
+use tpmcrypt_cipher::SessionKey;
 
 /// Environment variable overriding the socket path.
 pub const ENV_SOCK: &str = "TPMCRYPT_AGENT_SOCK";
@@ -74,47 +77,9 @@ pub const MAX_SESSION_HEADER: usize = 64 << 10;
 /// `encrypt` invocations one shared session is handed to before the agent
 /// lets the next one start a new session.
 pub const MAX_SESSION_USES: u64 = 10_000;
-const MAX_REQUEST: usize = 2 + 32 + 32 + MAX_SESSION_HEADER;
 
 /// Id of a secret (SHA-256 of the wrapped session key).
 pub type SecretId = [u8; 32];
-
-/// A 32-byte secret in locked memory, wiped on drop.
-pub struct LockedSecret {
-    bytes: Box<[u8; 32]>,
-    locked: bool,
-}
-
-impl LockedSecret {
-    /// Copies `bytes` into locked memory.
-    pub fn new(bytes: &[u8; 32]) -> Self {
-        let mut boxed = Box::new([0u8; 32]);
-        // SAFETY: the box is a live 32-byte allocation; mlock only pins it.
-        let locked = unsafe { libc::mlock(boxed.as_ptr().cast(), 32) == 0 };
-        boxed.copy_from_slice(bytes);
-        LockedSecret {
-            bytes: boxed,
-            locked,
-        }
-    }
-
-    /// The secret.
-    pub fn expose(&self) -> &[u8; 32] {
-        &self.bytes
-    }
-}
-
-impl Drop for LockedSecret {
-    fn drop(&mut self) {
-        self.bytes.zeroize();
-        if self.locked {
-            // SAFETY: same live allocation as in `new`.
-            unsafe {
-                libc::munlock(self.bytes.as_ptr().cast(), 32);
-            }
-        }
-    }
-}
 
 /// The default socket path: `TPMCRYPT_AGENT_SOCK`, else
 /// `$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, else (cron, ssh sessions without
@@ -324,7 +289,7 @@ impl AgentClient {
     }
 
     /// The secret stored under `id`, if any.
-    pub fn get(&self, id: &SecretId) -> io::Result<Option<LockedSecret>> {
+    pub fn get(&self, id: &SecretId) -> io::Result<Option<SessionKey>> {
         let mut req = vec![VERSION, OP_GET];
         req.extend_from_slice(id);
         let mut r = self.call(&req, 33)?;
@@ -332,7 +297,7 @@ impl AgentClient {
             [0, rest @ ..] if rest.len() == 32 => {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(rest);
-                let secret = LockedSecret::new(&key);
+                let secret = SessionKey::from_bytes(&key);
                 key.zeroize();
                 Some(secret)
             }
@@ -361,7 +326,7 @@ impl AgentClient {
     }
 
     /// The current encryption session of `scope`: its key and header.
-    pub fn session_get(&self, scope: &SecretId) -> io::Result<Option<(LockedSecret, Vec<u8>)>> {
+    pub fn session_get(&self, scope: &SecretId) -> io::Result<Option<(SessionKey, Vec<u8>)>> {
         let mut req = vec![VERSION, OP_SESSION_GET];
         req.extend_from_slice(scope);
         let mut r = self.call(&req, 1 + 32 + MAX_SESSION_HEADER)?;
@@ -369,7 +334,7 @@ impl AgentClient {
             [0, rest @ ..] if rest.len() > 32 => {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(&rest[..32]);
-                let secret = LockedSecret::new(&key);
+                let secret = SessionKey::from_bytes(&key);
                 key.zeroize();
                 Some((secret, rest[32..].to_vec()))
             }
@@ -417,7 +382,7 @@ impl AgentClient {
 
 /// An encryption session the agent hands to `encrypt` invocations.
 struct SharedSession {
-    secret: LockedSecret,
+    secret: SessionKey,
     header: Vec<u8>,
     expires: Instant,
     uses: u64,
@@ -428,11 +393,26 @@ pub struct Agent {
     listener: UnixListener,
     path: PathBuf,
     ttl: Duration,
-    secrets: HashMap<SecretId, (LockedSecret, Instant)>,
+    secrets: HashMap<SecretId, (SessionKey, Instant)>,
     sessions: HashMap<SecretId, SharedSession>,
     /// (device, inode) of the socket as bound: only that file is removed
     /// on exit, whatever the path has come to name since.
     inode: (u64, u64),
+    /// Where each request's fixed part (which may carry a secret) is read:
+    /// allocated once, locked in memory where allowed, wiped after use.
+    request: Box<[u8]>,
+}
+
+/// A zeroed heap buffer of `len` bytes, locked in memory where the process
+/// is allowed to (best effort: it is wiped after each use either way).
+fn locked_buffer(len: usize) -> Box<[u8]> {
+    let buf = vec![0u8; len].into_boxed_slice();
+    // SAFETY: a live heap allocation of `len` bytes, owned by the agent for
+    // its whole life; mlock only pins its pages.
+    unsafe {
+        libc::mlock(buf.as_ptr().cast(), len);
+    }
+    buf
 }
 
 impl Agent {
@@ -482,6 +462,7 @@ impl Agent {
             secrets: HashMap::new(),
             sessions: HashMap::new(),
             inode,
+            request: locked_buffer(REQUEST_HEAD),
         })
     }
 
@@ -560,23 +541,35 @@ impl Agent {
         let _ = stream.set_nonblocking(false);
         let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
         let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-        let mut req = Vec::with_capacity(66);
-        if (&mut stream)
-            .take(MAX_REQUEST as u64)
-            .read_to_end(&mut req)
-            .is_err()
-        {
-            req.zeroize();
+        // Taken out of `self` for the request (moving the box moves no
+        // bytes), and put back wiped.
+        let mut head = std::mem::take(&mut self.request);
+        let response = match read_request(&mut stream, &mut head) {
+            Ok((len, header)) => Some(self.respond(&head[..len], header)),
+            Err(_) => None,
+        };
+        head.zeroize();
+        self.request = head;
+        let Some((mut response, stop)) = response else {
             return false;
-        }
+        };
+        let _ = stream.write_all(&response);
+        response.zeroize();
+        stop
+    }
+
+    /// The response to one request, and whether it was STOP.
+    fn respond(&mut self, req: &[u8], header: Vec<u8>) -> (Vec<u8>, bool) {
         let mut stop = false;
-        let response: Vec<u8> = match req.as_slice() {
+        let response: Vec<u8> = match req {
+            _ if !header.is_empty() && !matches!(req, [VERSION, OP_SESSION_PUT, ..]) => vec![2],
             [VERSION, OP_GET, id @ ..] if id.len() == 32 => {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(id);
                 match self.secrets.get(&key) {
                     Some((secret, _)) => {
-                        let mut r = vec![0u8];
+                        let mut r = Vec::with_capacity(33);
+                        r.push(0);
                         r.extend_from_slice(secret.expose());
                         r
                     }
@@ -588,8 +581,10 @@ impl Agent {
                 id.copy_from_slice(&rest[..32]);
                 let mut key = [0u8; 32];
                 key.copy_from_slice(&rest[32..]);
-                self.secrets
-                    .insert(id, (LockedSecret::new(&key), Instant::now() + self.ttl));
+                self.secrets.insert(
+                    id,
+                    (SessionKey::from_bytes(&key), Instant::now() + self.ttl),
+                );
                 key.zeroize();
                 vec![0]
             }
@@ -598,7 +593,9 @@ impl Agent {
                 vec![0]
             }
             [VERSION, OP_SESSION_GET, scope @ ..] if scope.len() == 32 => self.session_get(scope),
-            [VERSION, OP_SESSION_PUT, rest @ ..] if rest.len() > 64 => {
+            [VERSION, OP_SESSION_PUT, rest @ ..]
+                if rest.len() == 64 && !header.is_empty() && header.len() <= MAX_SESSION_HEADER =>
+            {
                 let mut scope = [0u8; 32];
                 scope.copy_from_slice(&rest[..32]);
                 let mut key = [0u8; 32];
@@ -606,8 +603,8 @@ impl Agent {
                 self.sessions.insert(
                     scope,
                     SharedSession {
-                        secret: LockedSecret::new(&key),
-                        header: rest[64..].to_vec(),
+                        secret: SessionKey::from_bytes(&key),
+                        header,
                         expires: Instant::now() + self.ttl,
                         uses: 1,
                     },
@@ -622,12 +619,37 @@ impl Agent {
             }
             _ => vec![2],
         };
-        req.zeroize();
-        let mut response = response;
-        let _ = stream.write_all(&response);
-        response.zeroize();
-        stop
+        (response, stop)
     }
+}
+
+/// Length of the fixed part of the longest request (SESSION_PUT):
+/// version, op, id or scope, secret.
+const REQUEST_HEAD: usize = 2 + 32 + 32;
+
+/// Reads one request: its fixed part into `head`, the agent's own buffer
+/// (on the heap, allocated once, locked where allowed, wiped after each
+/// request), and what follows it (a session header, which is not secret;
+/// at most one byte more than [`MAX_SESSION_HEADER`], so that a longer one
+/// is seen and refused). Secrets are never read into a buffer that grows
+/// or moves: each growth of a `Vec` frees the old copy unwiped, and each
+/// move of an array leaves one on the stack, so a session key would
+/// outlive its expiry. Returns the length of the fixed part read.
+fn read_request(stream: &mut UnixStream, head: &mut [u8]) -> io::Result<(usize, Vec<u8>)> {
+    let mut len = 0;
+    while len < head.len() {
+        match stream.read(&mut head[len..]) {
+            Ok(0) => return Ok((len, Vec::new())),
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut header = Vec::new();
+    stream
+        .take(MAX_SESSION_HEADER as u64 + 1)
+        .read_to_end(&mut header)?;
+    Ok((len, header))
 }
 
 impl Agent {

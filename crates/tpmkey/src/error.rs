@@ -10,28 +10,18 @@ use std::path::PathBuf;
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Coarse classification for the CLI's exit code.
+/// Coarse classification of an error, for a caller that maps errors to
+/// outcomes (the CLI's exit codes) without matching every variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitClass {
     /// The TPM is unavailable, or it refused to use the key (policy, PIN,
-    /// lockout, different TPM).  The CLI maps this to exit code 4.
+    /// lockout, different TPM).
     TpmRefused,
-    /// A key tpmcrypt can never use, refused when it is given. The CLI
-    /// maps this to exit code 2 (bad input).
+    /// A key or recipient tpmcrypt can never use, refused when it is
+    /// given: bad input.
     Unusable,
     /// Anything else (bad input, I/O, malformed key file, internal errors).
     Other,
-}
-
-impl ExitClass {
-    /// The process exit code the CLI uses for this class (4, 2 or 1).
-    pub fn code(self) -> i32 {
-        match self {
-            ExitClass::TpmRefused => 4,
-            ExitClass::Unusable => 2,
-            ExitClass::Other => 1,
-        }
-    }
 }
 
 /// Everything that can go wrong in this crate.
@@ -105,6 +95,11 @@ pub enum Error {
     #[error("tpmcrypt can never unbind with this key: {0}")]
     Unusable(String),
 
+    /// A recipient that cannot be used (a keystore key's public half, or a
+    /// recovery recipient recorded for it). The CLI treats it as bad input.
+    #[error("{0}")]
+    InvalidRecipient(String),
+
     /// Invalid argument (TCTI string, PCR selection, key name, ciphertext...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -165,7 +160,7 @@ impl Error {
             | Error::WrongParent { .. }
             | Error::PinUnavailable(_)
             | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
-            Error::Unusable(_) => ExitClass::Unusable,
+            Error::Unusable(_) | Error::InvalidRecipient(_) => ExitClass::Unusable,
             _ => ExitClass::Other,
         }
     }

@@ -14,13 +14,16 @@
 //! * [`pcr`]       – PCR selections such as `sha256:0,7`.
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
+//! * [`identity`]  – TPM keys as the cipher crate's identities and
+//!   recipients: a lazily opened TPM, PINs through a callback.
 //! * [`agent`]     – the session-key agent: protocol, client, server.
 //! * [`trust`]     – ownership checks of the socket and keystore paths.
-//! * [`error`]     – the [`Error`] type and how it maps to CLI exit codes.
+//! * [`error`]     – the [`Error`] type and its coarse classes.
 
 pub mod agent;
 mod asn1;
 pub mod error;
+pub mod identity;
 pub mod keyfile;
 pub mod keystore;
 pub mod pcr;

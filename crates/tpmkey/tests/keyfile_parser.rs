@@ -134,7 +134,7 @@ fn tpm2_tools_keys_that_could_never_unbind() {
         match KeyBlob::from_pem(pem) {
             Err(e @ Error::Unusable(_)) => {
                 assert!(e.to_string().contains(reason), "{e}");
-                assert_eq!(e.exit_class().code(), 2);
+                assert_eq!(e.exit_class(), tpmcrypt_tpmkey::ExitClass::Unusable);
             }
             other => panic!("{reason}: {other:?}"),
         }

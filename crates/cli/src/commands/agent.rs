@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use tpmcrypt_cipher::recipient::Recipient;
-use tpmcrypt_cipher::{Encryptor, Params, SessionCache, SessionKey};
+use tpmcrypt_cipher::{Encryptor, Params};
+use tpmcrypt_tpmkey::agent::session::{self, AgentCache, SessionSource};
 use tpmcrypt_tpmkey::agent::{self, Agent, AgentClient};
 
 /// `tpmcrypt agent`.
@@ -50,9 +51,6 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     Ok(crate::exit::OK)
 }
 
-/// The running agent as a session cache for the decryptor.
-pub struct AgentCache(AgentClient);
-
 /// The agent at the default socket, if one is running and passes the
 /// ownership checks of [`AgentClient::connect`]. One that fails them is
 /// named in a warning and not used: nothing is sent to it.
@@ -69,96 +67,18 @@ pub fn verified_client() -> Option<AgentClient> {
     }
 }
 
-impl AgentCache {
-    /// The verified agent ([`verified_client`]) as a session cache.
-    pub fn connect() -> Option<AgentCache> {
-        verified_client().map(AgentCache)
-    }
+/// The verified agent ([`verified_client`]) as a session cache.
+pub fn cache() -> Option<AgentCache> {
+    verified_client().map(AgentCache::new)
 }
 
-/// How `encrypt` came by its session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SessionSource {
-    /// A session of its own (no agent, or --new-session).
-    Own,
-    /// A new session, handed to the agent for the next invocations.
-    Started,
-    /// The agent's current session for the same recipients and parameters.
-    Joined,
-}
-
-impl SessionSource {
-    /// For `--stats-json`.
-    pub fn token(self) -> &'static str {
-        match self {
-            SessionSource::Own => "own",
-            SessionSource::Started => "started",
-            SessionSource::Joined => "joined",
-        }
-    }
-
-    /// For the -v summary.
-    pub fn describe(self) -> &'static str {
-        match self {
-            SessionSource::Own => "a session of its own",
-            SessionSource::Started => "a new session, shared through the agent",
-            SessionSource::Joined => "the agent's current session",
-        }
-    }
-}
-
-/// The scope under which the agent keeps an encryption session: the
-/// recipients (kind and fingerprint, in order) and the parameters.
-fn session_scope(recipients: &[Box<dyn Recipient>], params: &Params) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(b"tpmcrypt/v1/encrypt-scope");
-    h.update([params.mode as u8, params.key_len as u8]);
-    h.update(params.segment_size.to_be_bytes());
-    for r in recipients {
-        h.update([r.kind()]);
-        h.update(r.fingerprint());
-    }
-    h.finalize().into()
-}
-
-/// An encryptor for `recipients`: the agent's current session for them if
-/// an agent runs (so that files of many invocations decrypt with one
-/// unwrap), else a new session, which is then handed to the agent.
+/// An encryptor for `recipients`, joining the agent's session when
+/// `use_agent` (see [`session::encryptor`]).
 pub fn encryptor(
     recipients: &[Box<dyn Recipient>],
     params: Params,
     use_agent: bool,
 ) -> tpmcrypt_cipher::Result<(Encryptor, SessionSource)> {
-    let Some(client) = use_agent.then(verified_client).flatten() else {
-        return Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
-    };
-    let scope = session_scope(recipients, &params);
-    if let Ok(Some((secret, header))) = client.session_get(&scope) {
-        let key = SessionKey::from_bytes(secret.expose());
-        // A session that does not check out (other recipients, a header
-        // the key does not authenticate) is not used: a new one replaces it.
-        if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
-            return Ok((e, SessionSource::Joined));
-        }
-    }
-    let encryptor = Encryptor::new(recipients, params)?;
-    let source =
-        match client.session_put(&scope, encryptor.session_key().expose(), encryptor.header()) {
-            Ok(()) => SessionSource::Started,
-            Err(_) => SessionSource::Own,
-        };
-    Ok((encryptor, source))
-}
-
-impl SessionCache for AgentCache {
-    fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey> {
-        let secret = self.0.get(stanza_digest).ok().flatten()?;
-        Some(SessionKey::from_bytes(secret.expose()))
-    }
-
-    fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey) {
-        // Best effort: the agent is a cache, decryption goes on without it.
-        let _ = self.0.put(stanza_digest, key.expose());
-    }
+    let client = use_agent.then(verified_client).flatten();
+    session::encryptor(recipients, params, client.as_ref())
 }

@@ -9,7 +9,6 @@ use tpmcrypt_cipher::{backend, Decryptor, Mode, Params};
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
 use crate::keys;
-use crate::tpm::{Target, TpmAccess};
 use crate::Ui;
 
 fn run_options(
@@ -225,7 +224,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         .iter()
         .map(|p| keys::load_identity(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let access = TpmAccess::new(Target::from_ui(ui)?);
+    let access = crate::tpm::access(ui)?;
     identities.extend(keys::keystore_identities(ui, &access)?);
     if identities.is_empty() {
         return Err(crate::exit::usage(
@@ -234,7 +233,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     let plan = files::plan(&args.files, Naming::Decrypt)?;
     let mut decryptor = Decryptor::new(identities);
-    if let Some(agent) = crate::commands::agent::AgentCache::connect() {
+    if let Some(agent) = crate::commands::agent::cache() {
         decryptor = decryptor.with_session_cache(Box::new(agent));
     }
     if let Some(b) = chosen_backend(args.files.backend)? {

@@ -11,8 +11,9 @@ use tpmcrypt_cipher::recipient::fingerprint_spki;
 use tpmcrypt_tpmkey::{KeyAlg, KeyMeta, Keystore, PcrSelection};
 
 use crate::exit::usage;
-use crate::tpm::{read_pin, Target, TpmAccess};
+use crate::tpm::read_pin;
 use crate::{keys, Ui};
+use tpmcrypt_tpmkey::identity::Target;
 
 /// `tpmcrypt key`.
 #[derive(Subcommand, Debug)]
@@ -151,7 +152,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
                 .map_err(|e| usage(format!("{}: {e}", crate::files::shown(file))))?;
             let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
-            let access = TpmAccess::new(Target::from_ui(ui)?);
+            let access = crate::tpm::access(ui)?;
             let (blob, meta) = store
                 .import_checked(&name, file, has_pin, |blob| {
                     access.with(|tpm| tpm.check_loads(blob))
@@ -336,9 +337,8 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         AlgArg::Rsa2048 => KeyAlg::Rsa2048,
         AlgArg::EccP256 => KeyAlg::EccP256,
     };
-    let target = Target::from_ui(ui)?;
-    let simulator = matches!(target, Target::Simulator(_));
-    let access = TpmAccess::new(target);
+    let simulator = matches!(crate::tpm::target(ui)?, Target::Simulator(_));
+    let access = crate::tpm::access(ui)?;
     let (blob, elapsed, info, srk_name) = access.with(|tpm| {
         let info = tpm.info()?;
         let srk_name = tpm.srk_name()?;
