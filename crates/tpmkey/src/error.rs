@@ -30,14 +30,22 @@ pub enum Error {
     /// No TPM could be reached through the TCTI (`cause` says why, e.g.
     /// "connection refused" or "/dev/tpmrm0: permission denied").
     #[error("TPM unreachable ({tcti}): {cause}. {}", unreachable_hint(.tcti))]
-    Unavailable { tcti: String, cause: String },
+    Unavailable {
+        /// The TCTI tried.
+        tcti: String,
+        /// Why it failed.
+        cause: String,
+    },
 
     /// The TPM answered earlier in this run, then the connection to it
     /// broke (the TPM or simulator stopped, the device went away).
     #[error("TPM unreachable ({tcti}): connection lost during {op}; {detail}")]
     ConnectionLost {
+        /// The TCTI in use.
         tcti: String,
+        /// The operation under way.
         op: &'static str,
+        /// What the TSS said.
         detail: String,
     },
 
@@ -47,7 +55,10 @@ pub enum Error {
          refuses to use it in the current boot state. If the change is legitimate (firmware, \
          bootloader or kernel update), decrypt with a recovery recipient and create a new key"
     )]
-    PcrMismatch { pcrs: String },
+    PcrMismatch {
+        /// The key's PCR selection, e.g. `sha256:0,7`.
+        pcrs: String,
+    },
 
     /// The PIN (authValue) was wrong.
     #[error(
@@ -62,14 +73,20 @@ pub enum Error {
          `tpm2_dictionarylockout --clear-lockout` (needs the lockout authorization)",
         match .retry_after_secs { Some(s) => format!("{s} seconds"), None => "a while".to_string() }
     )]
-    Lockout { retry_after_secs: Option<u32> },
+    Lockout {
+        /// Seconds until the next try is allowed, if the TPM says.
+        retry_after_secs: Option<u32>,
+    },
 
     /// The key file was made under a different TPM (or the TPM was cleared).
     #[error(
         "this key belongs to a different TPM (or this TPM's owner hierarchy was cleared since the \
          key was created): the TPM rejected it ({detail})"
     )]
-    WrongTpm { detail: String },
+    WrongTpm {
+        /// What the TPM said.
+        detail: String,
+    },
 
     /// The TPM does not load the key under the parent its file names (the
     /// standard storage key): it was made under another parent, or on
@@ -78,7 +95,12 @@ pub enum Error {
         "the TPM cannot load this key under the standard storage key ({parent}): it was made \
          under another parent key, or on another TPM ({detail})"
     )]
-    WrongParent { parent: String, detail: String },
+    WrongParent {
+        /// The parent the key file names.
+        parent: String,
+        /// What the TPM said.
+        detail: String,
+    },
 
     /// The key needs a policy we do not know how to satisfy.
     #[error("unsupported key policy: {0}")]
@@ -106,7 +128,12 @@ pub enum Error {
 
     /// Any other TPM failure.
     #[error("TPM command {op} failed: {detail}")]
-    Tpm { op: &'static str, detail: String },
+    Tpm {
+        /// The TPM command.
+        op: &'static str,
+        /// What the TPM or TSS said.
+        detail: String,
+    },
 
     /// The software TPM could not be started.
     #[error("cannot start the software TPM (swtpm): {0}")]
@@ -119,7 +146,12 @@ pub enum Error {
     /// A path that another user could have placed or changed (see
     /// [`crate::trust`]): refused before anything secret goes near it.
     #[error("{path}: {why}")]
-    Untrusted { path: PathBuf, why: String },
+    Untrusted {
+        /// The path refused.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
 
     /// A key needs a PIN and none can be had (no terminal, no PIN given).
     #[error("{0}")]
@@ -138,7 +170,9 @@ pub enum Error {
     // an error chain printed whole would show it twice.
     #[error("{path}: {error}")]
     Io {
+        /// The path involved.
         path: PathBuf,
+        /// The I/O error.
         error: std::io::Error,
     },
 

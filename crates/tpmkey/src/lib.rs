@@ -7,6 +7,22 @@
 //! file key.  Everything goes through the real TPM software stack (tpm2-tss via
 //! `tss-esapi`); tests run against a real `swtpm` process (see [`simulator`]).
 //!
+//! Which TPM and which PCRs are named as tpm2-tools users write them:
+//!
+//! ```
+//! use tpmcrypt_tpmkey::{PcrSelection, Tcti};
+//!
+//! let tcti: Tcti = "swtpm:host=localhost,port=2321".parse()?;
+//! assert_eq!(tcti, Tcti::Swtpm { host: "localhost".into(), port: 2321 });
+//! let pcrs: PcrSelection = "sha256:0,7".parse()?;
+//! assert_eq!(pcrs.to_string(), "sha256:0,7");
+//! assert!("sha256:99".parse::<PcrSelection>().is_err());
+//! # Ok::<(), tpmcrypt_tpmkey::Error>(())
+//! ```
+//!
+//! A file addressed to a TPM key is decrypted with the cipher crate and
+//! [`identity`] (see `examples/decrypt_with_tpm_key.rs`).
+//!
 //! Module map:
 //! * [`tcti`]      – which TPM to talk to (tpm2-tools TCTI syntax).
 //! * [`simulator`] – start/stop a private swtpm (tests and `--simulator`).
@@ -19,6 +35,8 @@
 //! * [`agent`]     – the session-key agent: protocol, client, server.
 //! * [`trust`]     – ownership checks of the socket and keystore paths.
 //! * [`error`]     – the [`Error`] type and its coarse classes.
+
+#![warn(missing_docs)]
 
 pub mod agent;
 mod asn1;

@@ -18,7 +18,9 @@ pub const MAX_PCR: u8 = 23;
 /// A PCR bank (hash algorithm).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PcrBank {
+    /// The SHA-1 bank.
     Sha1,
+    /// The SHA-256 bank.
     Sha256,
 }
 

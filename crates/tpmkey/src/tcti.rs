@@ -24,13 +24,29 @@ pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tcti {
     /// A character device (`device:/dev/tpmrm0`).
-    Device { path: String },
+    Device {
+        /// The device node.
+        path: String,
+    },
     /// swtpm's TCP protocol (`swtpm:host=H,port=P`); control port is P+1.
-    Swtpm { host: String, port: u16 },
+    Swtpm {
+        /// Host name or address.
+        host: String,
+        /// The command port.
+        port: u16,
+    },
     /// Microsoft/IBM simulator protocol (`mssim:host=H,port=P`).
-    Mssim { host: String, port: u16 },
+    Mssim {
+        /// Host name or address.
+        host: String,
+        /// The command port.
+        port: u16,
+    },
     /// The tpm2-abrmd resource manager over D-Bus; the config is passed on.
-    Tabrmd { config: String },
+    Tabrmd {
+        /// The configuration string passed to tpm2-abrmd's TCTI.
+        config: String,
+    },
 }
 
 impl Tcti {
