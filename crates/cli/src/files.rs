@@ -729,7 +729,8 @@ pub fn shown(path: &Path) -> String {
 
 /// The cause chain on one line, as [`printable`].
 pub fn one_line(err: &anyhow::Error) -> String {
-    printable(&format!("{err:#}"))
+    let hint = exit::hint(err).unwrap_or("");
+    printable(&format!("{err:#}{hint}"))
 }
 
 /// Text as it may stand in one line on a terminal: control characters (a

@@ -29,7 +29,7 @@ pub enum ExitClass {
 pub enum Error {
     /// No TPM could be reached through the TCTI (`cause` says why, e.g.
     /// "connection refused" or "/dev/tpmrm0: permission denied").
-    #[error("TPM unreachable ({tcti}): {cause}. {}", unreachable_hint(.tcti))]
+    #[error("TPM unreachable ({tcti}): {cause}.")]
     Unavailable {
         /// The TCTI tried.
         tcti: String,
@@ -153,6 +153,11 @@ pub enum Error {
         why: String,
     },
 
+    /// A key recorded as having no PIN that the TPM refused without one:
+    /// it has a PIN after all (its record must be corrected).
+    #[error("key {0} was refused without a PIN: it has one, but is recorded as having none")]
+    PinNotRecorded(String),
+
     /// A key needs a PIN and none can be had (no terminal, no PIN given).
     #[error("{0}")]
     PinUnavailable(String),
@@ -193,6 +198,7 @@ impl Error {
             | Error::WrongTpm { .. }
             | Error::WrongParent { .. }
             | Error::PinUnavailable(_)
+            | Error::PinNotRecorded(_)
             | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
             Error::Unusable(_) | Error::InvalidRecipient(_) => ExitClass::Unusable,
             _ => ExitClass::Other,
@@ -204,20 +210,6 @@ impl Error {
             path: path.into(),
             error: source,
         }
-    }
-}
-
-/// What to do when the TPM cannot be reached, by kind of TCTI.
-fn unreachable_hint(tcti: &str) -> &'static str {
-    if tcti.starts_with("swtpm:") || tcti.starts_with("mssim:") {
-        "Check that the TPM simulator runs at that address, or select another TPM with --tpm / \
-         TPMCRYPT_TCTI. To just try the tool, use --simulator (a software TPM: NOT secure, keys \
-         are not protected by hardware)"
-    } else {
-        "Check that the machine has a TPM 2.0 and that you may use it (e.g. /dev/tpmrm0 is \
-         usually group 'tss'), or select another one with --tpm / TPMCRYPT_TCTI. To just try \
-         the tool, use --simulator (a software TPM: NOT secure, keys are not protected by \
-         hardware)"
     }
 }
 

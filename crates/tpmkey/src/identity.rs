@@ -287,11 +287,7 @@ impl TpmKey {
             return self.access.with(|tpm| op(tpm, None)).map_err(|e| match e {
                 Error::WrongPin => {
                     self.pins.give_up(&self.pin_id);
-                    Error::PinUnavailable(format!(
-                        "key {} was refused without a PIN: it has one, but is recorded as \
-                         having none; re-import its key file with `tpmcrypt key import --pin`",
-                        self.name
-                    ))
+                    Error::PinNotRecorded(self.name.clone())
                 }
                 other => other,
             });
