@@ -1,7 +1,7 @@
 //! `tpmcrypt agent`: holds unwrapped session keys for a bounded time so
 //! that separate `decrypt` commands of one session cost one TPM operation.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
@@ -50,8 +50,22 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     Ok(crate::exit::OK)
 }
 
-/// The running agent as a session cache for the decryptor.
-pub struct AgentCache(AgentClient);
+/// The running agent as a session cache for the decryptor. Its first
+/// request (the GET of a session key) is also what tells whether an agent
+/// answers: a per-process decrypt pays one round trip to the agent when
+/// the agent holds its key, not a PING first.
+pub struct AgentCache {
+    client: AgentClient,
+    /// Set at the first failed request: the agent is not asked again.
+    off: AtomicBool,
+}
+
+fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
+    eprintln!(
+        "warning: not using the agent: {}",
+        crate::files::printable(&e.to_string())
+    );
+}
 
 /// The agent at the default socket, if one is running and passes the
 /// ownership checks of [`AgentClient::connect`]. One that fails them is
@@ -60,19 +74,38 @@ pub fn verified_client() -> Option<AgentClient> {
     match AgentClient::connect(&agent::socket_path()) {
         Ok(client) => client,
         Err(e) => {
-            eprintln!(
-                "warning: not using the agent: {}",
-                crate::files::printable(&e.to_string())
-            );
+            warn_not_using(&e);
             None
         }
     }
 }
 
 impl AgentCache {
-    /// The verified agent ([`verified_client`]) as a session cache.
+    /// The agent's socket, if one is there and it and its directory pass
+    /// the ownership checks (else a warning, and no agent). Nothing is sent
+    /// yet; the first request is checked as [`AgentClient::connect`] checks
+    /// its PING, and the process listening is checked on every connection.
     pub fn connect() -> Option<AgentCache> {
-        verified_client().map(AgentCache)
+        match AgentClient::checked(&agent::socket_path()) {
+            Ok(client) => client.map(|client| AgentCache {
+                client,
+                off: AtomicBool::new(false),
+            }),
+            Err(e) => {
+                warn_not_using(&e);
+                None
+            }
+        }
+    }
+
+    /// A request failed: the agent is not asked again, and one that is
+    /// another user's or does not answer is named in a warning.
+    fn failed(&self, e: std::io::Error) {
+        if !self.off.swap(true, Ordering::Relaxed) {
+            if let Err(e) = self.client.failure(e) {
+                warn_not_using(&e);
+            }
+        }
     }
 }
 
@@ -153,12 +186,24 @@ pub fn encryptor(
 
 impl SessionCache for AgentCache {
     fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey> {
-        let secret = self.0.get(stanza_digest).ok().flatten()?;
-        Some(SessionKey::from_bytes(secret.expose()))
+        if self.off.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.client.get(stanza_digest) {
+            Ok(secret) => secret.map(|s| SessionKey::from_bytes(s.expose())),
+            Err(e) => {
+                self.failed(e);
+                None
+            }
+        }
     }
 
     fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey) {
         // Best effort: the agent is a cache, decryption goes on without it.
-        let _ = self.0.put(stanza_digest, key.expose());
+        if !self.off.load(Ordering::Relaxed) {
+            if let Err(e) = self.client.put(stanza_digest, key.expose()) {
+                self.failed(e);
+            }
+        }
     }
 }
