@@ -1738,3 +1738,37 @@ fn a_decrypt_asks_the_agent_once_for_its_key() {
     assert_ok(&r, "agent --stop");
     assert!(agent.wait_exit(), "the agent exits when stopped");
 }
+
+/// `encrypt` asks the agent for its current session without a PING first:
+/// the first run of a scope connects twice (SESSION_GET finds none, then
+/// SESSION_PUT of its new session), the next one once (it joins); and the
+/// files of both decrypt with one unwrap.
+#[test]
+fn an_encrypt_asks_the_agent_once_for_its_session() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("a"), bytes(4000, 1)).unwrap();
+    fs::write(d.join("b"), bytes(4000, 2)).unwrap();
+    let agent = AgentProc::start(d);
+    let (first, _) = agent_connects(d, &["encrypt", "-R", &r, "a"]);
+    assert_eq!(
+        first, 2,
+        "connections of the first encrypt (SESSION_GET, SESSION_PUT)"
+    );
+    let (next, _) = agent_connects(d, &["encrypt", "-R", &r, "b"]);
+    assert_eq!(
+        next, 1,
+        "connections of an encrypt that joins (SESSION_GET)"
+    );
+    let stop = plain(d, &["agent", "--stop"]);
+    assert_ok(&stop, "agent --stop");
+    assert!(agent.wait_exit(), "the agent exits when stopped");
+    fs::remove_file(d.join("a")).unwrap();
+    fs::remove_file(d.join("b")).unwrap();
+    let r = plain(d, &["decrypt", "-v", "-i", "id", "a.tpmc", "b.tpmc"]);
+    assert_ok(&r, "decrypt both");
+    assert_summary(&r, 2, 1, 0, "two files of one session");
+    assert_eq!(fs::read(d.join("a")).unwrap(), bytes(4000, 1));
+    assert_eq!(fs::read(d.join("b")).unwrap(), bytes(4000, 2));
+}

@@ -67,11 +67,14 @@ fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
     );
 }
 
-/// The agent at the default socket, if one is running and passes the
-/// ownership checks of [`AgentClient::connect`]. One that fails them is
-/// named in a warning and not used: nothing is sent to it.
-pub fn verified_client() -> Option<AgentClient> {
-    match AgentClient::connect(&agent::socket_path()) {
+/// The agent's socket at the default path, if one is there and it and its
+/// directory pass the ownership checks of [`AgentClient::connect`]; one
+/// that fails them is named in a warning and not used. Nothing is sent
+/// yet: the caller's first request is read with [`AgentClient::failure`],
+/// as a PING would be, and the process listening is checked on every
+/// connection before anything is sent.
+fn checked_client() -> Option<AgentClient> {
+    match AgentClient::checked(&agent::socket_path()) {
         Ok(client) => client,
         Err(e) => {
             warn_not_using(&e);
@@ -86,16 +89,10 @@ impl AgentCache {
     /// yet; the first request is checked as [`AgentClient::connect`] checks
     /// its PING, and the process listening is checked on every connection.
     pub fn connect() -> Option<AgentCache> {
-        match AgentClient::checked(&agent::socket_path()) {
-            Ok(client) => client.map(|client| AgentCache {
-                client,
-                off: AtomicBool::new(false),
-            }),
-            Err(e) => {
-                warn_not_using(&e);
-                None
-            }
-        }
+        checked_client().map(|client| AgentCache {
+            client,
+            off: AtomicBool::new(false),
+        })
     }
 
     /// A request failed: the agent is not asked again, and one that is
@@ -163,16 +160,29 @@ pub fn encryptor(
     params: Params,
     use_agent: bool,
 ) -> tpmcrypt_cipher::Result<(Encryptor, SessionSource)> {
-    let Some(client) = use_agent.then(verified_client).flatten() else {
-        return Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
+    let own = || Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
+    let Some(client) = use_agent.then(checked_client).flatten() else {
+        return own();
     };
     let scope = session_scope(recipients, &params);
-    if let Ok(Some((secret, header))) = client.session_get(&scope) {
-        let key = SessionKey::from_bytes(secret.expose());
-        // A session that does not check out (other recipients, a header
-        // the key does not authenticate) is not used: a new one replaces it.
-        if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
-            return Ok((e, SessionSource::Joined));
+    match client.session_get(&scope) {
+        Ok(Some((secret, header))) => {
+            let key = SessionKey::from_bytes(secret.expose());
+            // A session that does not check out (other recipients, a header
+            // the key does not authenticate) is not used: a new one
+            // replaces it.
+            if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
+                return Ok((e, SessionSource::Joined));
+            }
+        }
+        Ok(None) => {}
+        // No agent answers there (or another user's, or a silent one,
+        // named in a warning): a session of its own, nothing handed over.
+        Err(e) => {
+            if let Err(e) = client.failure(e) {
+                warn_not_using(&e);
+            }
+            return own();
         }
     }
     let encryptor = Encryptor::new(recipients, params)?;
