@@ -302,6 +302,65 @@ fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The files a run opens, as strace saw them (`openat` calls).
+fn opens_of(dir: &Path, args: &[&str]) -> Vec<String> {
+    let log = dir.join("strace-open.log");
+    let status = common::wrapper(dir, "strace")
+        .args(["-f", "-qq", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=open,openat,openat2"])
+        .arg(common::bin())
+        .args(args)
+        .status()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(status.success(), "{args:?} under strace: {status}");
+    let text = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// A script runs one process per file: such a run does no start-up work it
+/// has no use for. It does not read the cgroup files behind the CPU count
+/// (worker threads are for large or many files), and it still does its job.
+#[test]
+fn a_one_file_run_does_not_look_up_the_cpu_count() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("small"), bytes(16 << 10, 3)).unwrap();
+    let runs = [
+        vec![
+            "encrypt",
+            "-q",
+            "--no-sync",
+            "-R",
+            &r,
+            "-o",
+            "small.tpmc",
+            "small",
+        ],
+        vec![
+            "decrypt",
+            "-q",
+            "--no-sync",
+            "-i",
+            "id",
+            "-o",
+            "small.out",
+            "small.tpmc",
+        ],
+    ];
+    for args in &runs {
+        let opens = opens_of(d, args);
+        assert!(
+            opens.iter().any(|l| l.contains("\"small")),
+            "{args:?}: strace saw the input opened: {opens:?}"
+        );
+        let cgroup: Vec<_> = opens.iter().filter(|l| l.contains("cgroup")).collect();
+        assert!(cgroup.is_empty(), "{args:?} read cgroup files: {cgroup:?}");
+    }
+    assert_eq!(fs::read(d.join("small.out")).unwrap(), bytes(16 << 10, 3));
+}
+
 /// Group commit: a 2,000-file `--in-place` run makes its outputs durable by
 /// batch (one syncfs each) and syncs each directory once per batch, so its
 /// sync calls are O(batches + directories), not two per file as before;

@@ -1752,3 +1752,99 @@ fn watch_with_a_keystore_key() {
     assert_ok(&r, "recovery key alone");
     assert_eq!(r.stdout, bytes(1003, 3));
 }
+
+/// The agent's connections a run made, as strace saw them (`connect` calls
+/// to its socket), and the run itself.
+fn agent_connects(dir: &Path, args: &[&str]) -> (usize, Vec<u8>) {
+    let log = dir.join("strace-connect.log");
+    let out = common::wrapper(dir, "strace")
+        .args(["-f", "-qq", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=connect"])
+        .arg(common::bin())
+        .args(args)
+        .output()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(
+        out.status.success(),
+        "{args:?} under strace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    let n = text
+        .lines()
+        .filter(|l| l.contains(".tpmcrypt-agent.sock"))
+        .count();
+    (n, out.stdout)
+}
+
+/// A per-process decrypt asks the agent what it needs and nothing more:
+/// the first request (GET of the session key) is also what tells whether
+/// an agent answers there, with no PING before it. A decrypt whose key the
+/// agent holds connects once; one whose key it lacks twice (GET, then PUT
+/// of the key it unwrapped), and the next decrypt of that session finds it.
+#[test]
+fn a_decrypt_asks_the_agent_once_for_its_key() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(16 << 10, 5)).unwrap();
+    assert_ok(&plain(d, &["encrypt", "-R", &r, "f"]), "encrypt");
+    let agent = AgentProc::start(d);
+    let args = ["decrypt", "-i", "id", "-o", "-", "f.tpmc"];
+    let (miss, out) = agent_connects(d, &args);
+    assert_eq!(
+        out,
+        bytes(16 << 10, 5),
+        "decrypt with the agent lacking the key"
+    );
+    assert_eq!(
+        miss, 2,
+        "connections when the agent lacks the key (GET, PUT)"
+    );
+    let (hit, out) = agent_connects(d, &args);
+    assert_eq!(
+        out,
+        bytes(16 << 10, 5),
+        "decrypt with the agent holding the key"
+    );
+    assert_eq!(hit, 1, "connections when the agent holds the key (GET)");
+    let r = plain(d, &["agent", "--stop"]);
+    assert_ok(&r, "agent --stop");
+    assert!(agent.wait_exit(), "the agent exits when stopped");
+}
+
+/// `encrypt` asks the agent for its current session without a PING first:
+/// the first run of a scope connects twice (SESSION_GET finds none, then
+/// SESSION_PUT of its new session), the next one once (it joins); and the
+/// files of both decrypt with one unwrap.
+#[test]
+fn an_encrypt_asks_the_agent_once_for_its_session() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("a"), bytes(4000, 1)).unwrap();
+    fs::write(d.join("b"), bytes(4000, 2)).unwrap();
+    let agent = AgentProc::start(d);
+    let (first, _) = agent_connects(d, &["encrypt", "-R", &r, "a"]);
+    assert_eq!(
+        first, 2,
+        "connections of the first encrypt (SESSION_GET, SESSION_PUT)"
+    );
+    let (next, _) = agent_connects(d, &["encrypt", "-R", &r, "b"]);
+    assert_eq!(
+        next, 1,
+        "connections of an encrypt that joins (SESSION_GET)"
+    );
+    let stop = plain(d, &["agent", "--stop"]);
+    assert_ok(&stop, "agent --stop");
+    assert!(agent.wait_exit(), "the agent exits when stopped");
+    fs::remove_file(d.join("a")).unwrap();
+    fs::remove_file(d.join("b")).unwrap();
+    let r = plain(d, &["decrypt", "-v", "-i", "id", "a.tpmc", "b.tpmc"]);
+    assert_ok(&r, "decrypt both");
+    assert_summary(&r, 2, 1, 0, "two files of one session");
+    assert_eq!(fs::read(d.join("a")).unwrap(), bytes(4000, 1));
+    assert_eq!(fs::read(d.join("b")).unwrap(), bytes(4000, 2));
+}

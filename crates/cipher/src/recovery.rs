@@ -23,15 +23,16 @@ pub const RECIPIENT_PREFIX: &str = "tpmcrypt-recovery:";
 /// A recovery private key.
 pub struct RecoveryKey {
     secret: SecretKey,
+    /// Its public point, uncompressed: computed once (a scalar
+    /// multiplication), not at every use.
+    public: [u8; POINT_LEN],
 }
 
 impl RecoveryKey {
     /// Generates a new recovery key.
     pub fn generate(rng: &mut dyn CryptoRngCore) -> Self {
         let mut rng = rng;
-        RecoveryKey {
-            secret: SecretKey::random(&mut rng),
-        }
+        RecoveryKey::from_secret(SecretKey::random(&mut rng))
     }
 
     /// A key from its raw 32-byte big-endian scalar (known-answer tests).
@@ -39,7 +40,13 @@ impl RecoveryKey {
     pub fn from_scalar_bytes(bytes: &[u8; 32]) -> Result<Self> {
         let secret = SecretKey::from_bytes(bytes.into())
             .map_err(|_| Error::InvalidIdentity("scalar out of range".into()))?;
-        Ok(RecoveryKey { secret })
+        Ok(RecoveryKey::from_secret(secret))
+    }
+
+    fn from_secret(secret: SecretKey) -> Self {
+        let mut public = [0u8; POINT_LEN];
+        public.copy_from_slice(secret.public_key().to_encoded_point(false).as_bytes());
+        RecoveryKey { secret, public }
     }
 
     /// Parses an identity file (comments and a PKCS#8 PEM block).
@@ -50,7 +57,7 @@ impl RecoveryKey {
         let secret = SecretKey::from_pkcs8_pem(text[begin..].trim_end()).map_err(|_| {
             Error::InvalidIdentity("the PRIVATE KEY block is not a P-256 key".into())
         })?;
-        Ok(RecoveryKey { secret })
+        Ok(RecoveryKey::from_secret(secret))
     }
 
     /// The identity file contents (secret: the caller writes it 0600).
@@ -92,10 +99,7 @@ impl RecoveryKey {
 
 impl EcdhP256 for RecoveryKey {
     fn public_point(&self) -> [u8; POINT_LEN] {
-        let encoded = self.secret.public_key().to_encoded_point(false);
-        let mut out = [0u8; POINT_LEN];
-        out.copy_from_slice(encoded.as_bytes());
-        out
+        self.public
     }
 
     fn ecdh(&self, peer: &[u8; POINT_LEN]) -> Result<Zeroizing<[u8; 32]>> {

@@ -371,8 +371,9 @@ pub type Transform<'a> = dyn Fn(
 /// Settings for [`run`].
 #[derive(Clone)]
 pub struct RunOptions {
-    /// Worker threads for large inputs.
-    pub jobs: usize,
+    /// Worker threads (`-j`); `None`: one per CPU, asked of the system only
+    /// when a run has use for more than one thread (see [`RunOptions::jobs`]).
+    pub jobs: Option<usize>,
     /// Inputs at least this large use the worker pool.
     pub parallel_threshold: u64,
     /// Overwrite existing outputs.
@@ -390,6 +391,18 @@ pub struct RunOptions {
     pub output_kind: Holds,
     /// Bounds of a group commit (see [`crate::batch`]).
     pub batch: batch::Limits,
+}
+
+impl RunOptions {
+    /// Worker threads for large inputs and for many files. The CPU count
+    /// (which reads cgroup files) is looked up on first use only: a run
+    /// over one small file never needs it.
+    pub fn jobs(&self) -> usize {
+        self.jobs.unwrap_or_else(|| {
+            static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        })
+    }
 }
 
 /// What a run's outputs hold.
@@ -520,7 +533,7 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
     let files_only = tasks
         .iter()
         .all(|t| matches!((&t.source, &t.sink), (Source::File(_), Sink::File(_))));
-    if files_only && tasks.len() > 1 && opts.jobs > 1 {
+    if files_only && tasks.len() > 1 && opts.jobs() > 1 {
         return run_parallel(tasks, opts, transform);
     }
     let mut summary = Summary::default();
@@ -565,7 +578,7 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
     let (work_tx, work_rx) = bounded::<usize>(tasks.len());
     let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(WINDOW);
     std::thread::scope(|scope| {
-        for _ in 0..opts.jobs.min(tasks.len()) {
+        for _ in 0..opts.jobs().min(tasks.len()) {
             let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
             let worker_opts = &worker_opts;
             scope.spawn(move || {
@@ -800,7 +813,7 @@ fn run_one(
     };
     let workers = match size {
         Some(n) if n < opts.parallel_threshold => 1,
-        _ => opts.jobs.max(1),
+        _ => opts.jobs().max(1),
     };
     let bar = make_bar(opts.progress, size);
     let tick = |done: u64| {

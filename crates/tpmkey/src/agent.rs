@@ -224,32 +224,45 @@ impl AgentClient {
     /// listening on it could belong to another user, in which case nothing
     /// was sent.
     pub fn connect(path: &Path) -> Result<Option<AgentClient>> {
-        if !check_socket(path)? {
+        let Some(client) = AgentClient::checked(path)? else {
             return Ok(None);
-        }
-        let client = AgentClient {
-            path: path.to_path_buf(),
         };
         match client.ping() {
             Ok(_) => Ok(Some(client)),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Err(Error::Untrusted {
-                path: path.to_path_buf(),
+            Err(e) => client.failure(e).map(|()| None),
+        }
+    }
+
+    /// A client for the socket at `path` once it and its directory pass
+    /// the checks of [`AgentClient::connect`], without asking the agent
+    /// anything yet: for a caller whose first request tells as much as a
+    /// PING would (read its error with [`AgentClient::failure`]). `Ok(None)`
+    /// if no socket is there.
+    pub fn checked(path: &Path) -> Result<Option<AgentClient>> {
+        if !check_socket(path)? {
+            return Ok(None);
+        }
+        Ok(Some(AgentClient {
+            path: path.to_path_buf(),
+        }))
+    }
+
+    /// What a failed request says of the agent: [`Error::Untrusted`] if the
+    /// process listening there is another user's (nothing was sent to it);
+    /// an error if something listens but does not answer (a stopped or
+    /// stuck agent: not "no agent", which would invite starting another);
+    /// `Ok(())` if no agent is there (nothing listens on the socket).
+    pub fn failure(&self, e: io::Error) -> Result<()> {
+        match e.kind() {
+            io::ErrorKind::PermissionDenied => Err(Error::Untrusted {
+                path: self.path.clone(),
                 why: e.to_string(),
             }),
-            // Something listens but does not answer (a stopped or stuck
-            // agent): not "no agent", which would invite starting another.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-                ) =>
-            {
-                Err(io_err(
-                    path,
-                    io::Error::new(e.kind(), "an agent is there but not answering"),
-                ))
-            }
-            Err(_) => Ok(None),
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => Err(io_err(
+                &self.path,
+                io::Error::new(e.kind(), "an agent is there but not answering"),
+            )),
+            _ => Ok(()),
         }
     }
 

@@ -51,25 +51,31 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     Ok(crate::exit::OK)
 }
 
-/// The agent at the default socket, if one is running and passes the
-/// ownership checks of [`AgentClient::connect`]. One that fails them is
-/// named in a warning and not used: nothing is sent to it.
-pub fn verified_client() -> Option<AgentClient> {
-    match AgentClient::connect(&agent::socket_path()) {
+fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
+    eprintln!(
+        "warning: not using the agent: {}",
+        crate::files::printable(&e.to_string())
+    );
+}
+
+/// The agent's socket at the default path, if one is there and it and its
+/// directory pass the ownership checks of [`AgentClient::connect`]; one
+/// that fails them is named in a warning and not used. Nothing is sent
+/// yet: the first request is read as a PING would be, and the process
+/// listening is checked on every connection before anything is sent.
+fn checked_client() -> Option<AgentClient> {
+    match AgentClient::checked(&agent::socket_path()) {
         Ok(client) => client,
         Err(e) => {
-            eprintln!(
-                "warning: not using the agent: {}",
-                crate::files::printable(&e.to_string())
-            );
+            warn_not_using(&e);
             None
         }
     }
 }
 
-/// The verified agent ([`verified_client`]) as a session cache.
+/// The agent (see [`checked_client`]) as the decryptor's session cache.
 pub fn cache() -> Option<AgentCache> {
-    verified_client().map(AgentCache::new)
+    checked_client().map(|client| AgentCache::new(client, Box::new(warn_not_using)))
 }
 
 /// An encryptor for `recipients`, joining the agent's session when
@@ -79,6 +85,6 @@ pub fn encryptor(
     params: Params,
     use_agent: bool,
 ) -> tpmcrypt_cipher::Result<(Encryptor, SessionSource)> {
-    let client = use_agent.then(verified_client).flatten();
-    session::encryptor(recipients, params, client.as_ref())
+    let client = use_agent.then(checked_client).flatten();
+    session::encryptor(recipients, params, client.as_ref(), &warn_not_using)
 }

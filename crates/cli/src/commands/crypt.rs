@@ -18,11 +18,7 @@ fn run_options(
     output_kind: Holds,
 ) -> RunOptions {
     RunOptions {
-        jobs: files.jobs.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }),
+        jobs: files.jobs,
         // Below a few segments the threads cost more than they save.
         parallel_threshold: 4 << 20,
         force: files.force,

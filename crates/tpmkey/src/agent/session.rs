@@ -4,29 +4,70 @@
 //! with one unwrap). The keys travel as the cipher's [`SessionKey`]:
 //! locked in memory and wiped when dropped, here and in the agent.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tpmcrypt_cipher::recipient::Recipient;
 use tpmcrypt_cipher::{Encryptor, Params, SessionCache, SessionKey};
 
 use super::AgentClient;
 
-/// A running agent as the decryptor's [`SessionCache`].
-pub struct AgentCache(AgentClient);
+/// Called with what a failed request said of the agent (another user's
+/// listener, a stuck agent), for the caller to warn about.
+pub type OnFailure = Box<dyn Fn(&crate::Error) + Send + Sync>;
+
+/// A running agent as the decryptor's [`SessionCache`]. Its first request
+/// (the GET of a session key) is also what tells whether an agent answers:
+/// a per-process decrypt pays one round trip when the agent holds its key,
+/// not a PING first. After a failed request the agent is not asked again.
+pub struct AgentCache {
+    client: AgentClient,
+    /// Set at the first failed request.
+    off: AtomicBool,
+    on_failure: OnFailure,
+}
 
 impl AgentCache {
-    /// The agent behind `client` (checked by [`AgentClient::connect`]).
-    pub fn new(client: AgentClient) -> AgentCache {
-        AgentCache(client)
+    /// The agent behind `client` (from [`AgentClient::checked`] or
+    /// [`AgentClient::connect`]); `on_failure` hears of a failed request
+    /// that means more than "no agent there", once.
+    pub fn new(client: AgentClient, on_failure: OnFailure) -> AgentCache {
+        AgentCache {
+            client,
+            off: AtomicBool::new(false),
+            on_failure,
+        }
+    }
+
+    fn failed(&self, e: std::io::Error) {
+        if !self.off.swap(true, Ordering::Relaxed) {
+            if let Err(e) = self.client.failure(e) {
+                (self.on_failure)(&e);
+            }
+        }
     }
 }
 
 impl SessionCache for AgentCache {
     fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey> {
-        self.0.get(stanza_digest).ok().flatten()
+        if self.off.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.client.get(stanza_digest) {
+            Ok(secret) => secret,
+            Err(e) => {
+                self.failed(e);
+                None
+            }
+        }
     }
 
     fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey) {
         // Best effort: the agent is a cache, decryption goes on without it.
-        let _ = self.0.put(stanza_digest, key.expose());
+        if !self.off.load(Ordering::Relaxed) {
+            if let Err(e) = self.client.put(stanza_digest, key.expose()) {
+                self.failed(e);
+            }
+        }
     }
 }
 
@@ -78,21 +119,37 @@ fn session_scope(recipients: &[Box<dyn Recipient>], params: &Params) -> [u8; 32]
 
 /// An encryptor for `recipients`: the agent's current session for them if
 /// `agent` is given (so that files of many invocations decrypt with one
-/// unwrap), else a new session, which is then handed to the agent.
+/// unwrap), else a new session, which is then handed to the agent. The
+/// first request tells whether an agent answers (no PING first);
+/// `on_failure` hears what a failed one said of the agent.
 pub fn encryptor(
     recipients: &[Box<dyn Recipient>],
     params: Params,
     agent: Option<&AgentClient>,
+    on_failure: &dyn Fn(&crate::Error),
 ) -> tpmcrypt_cipher::Result<(Encryptor, SessionSource)> {
+    let own = || Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
     let Some(client) = agent else {
-        return Ok((Encryptor::new(recipients, params)?, SessionSource::Own));
+        return own();
     };
     let scope = session_scope(recipients, &params);
-    if let Ok(Some((key, header))) = client.session_get(&scope) {
-        // A session that does not check out (other recipients, a header
-        // the key does not authenticate) is not used: a new one replaces it.
-        if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
-            return Ok((e, SessionSource::Joined));
+    match client.session_get(&scope) {
+        Ok(Some((key, header))) => {
+            // A session that does not check out (other recipients, a header
+            // the key does not authenticate) is not used: a new one
+            // replaces it.
+            if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
+                return Ok((e, SessionSource::Joined));
+            }
+        }
+        Ok(None) => {}
+        // No agent answers there (or another user's, or a silent one): a
+        // session of its own, nothing handed over.
+        Err(e) => {
+            if let Err(e) = client.failure(e) {
+                on_failure(&e);
+            }
+            return own();
         }
     }
     let encryptor = Encryptor::new(recipients, params)?;
