@@ -735,10 +735,13 @@ fn segment_count(len: u64, first: u64, rest: u64) -> u64 {
     }
 }
 
-/// As [`run`], for a regular file whose region `[start, end)` is known: the
-/// workers read their own segments with positional reads, so reading is
-/// parallel too and each segment is encrypted while still in cache. A
-/// single worker uses [`run`].
+/// As [`run`], for a regular file whose region `[start, end)` is known.
+/// Each worker owns one segment buffer and takes its segments in turn: a
+/// positional read, the seal or open, then, when all segments before it are
+/// written, its own write. Reading is parallel, no buffer changes hands, and
+/// a segment is read, sealed and written by one thread while it is still in
+/// that core's cache; the calling thread is one of the workers. A single
+/// worker uses [`run`].
 #[allow(clippy::too_many_arguments)]
 pub fn run_file<W: Write + Send>(
     direction: Direction,
@@ -751,8 +754,6 @@ pub fn run_file<W: Write + Send>(
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::FileExt;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
     let len = end.saturating_sub(start);
     if opts.workers <= 1 {
@@ -764,58 +765,218 @@ pub fn run_file<W: Write + Send>(
     let layout = keys.layout;
     let first = want(direction, &layout, 0) as u64;
     let rest = want(direction, &layout, 1) as u64;
-    let count = segment_count(len, first, rest);
-    let workers = opts.workers;
-    let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
-    let (done_tx, done_rx) = bounded::<Done>(buffers);
-    let reserve = input_reserve(direction, &layout);
-    let next_index = AtomicU64::new(0);
-    let progress = opts.progress;
-
-    std::thread::scope(|scope| {
-        let mut worker_handles = Vec::with_capacity(workers);
-        for _ in 0..workers {
-            let done_tx = done_tx.clone();
-            let pool_rx = pool_rx.clone();
-            let next_index = &next_index;
-            worker_handles.push(scope.spawn(move || -> Result<()> {
-                let mut crypter = keys.crypter(backend)?;
-                // Take a buffer first, then an index: indices go out in
-                // order, and only to workers that can run them at once.
-                while let Ok(mut buf) = pool_rx.recv() {
-                    let index = next_index.fetch_add(1, Ordering::Relaxed);
-                    if index >= count {
-                        break;
-                    }
-                    let offset = segment_offset(index, first, rest);
-                    let cap = if index == 0 { first } else { rest };
-                    let seg_len = (len - offset).min(cap) as usize;
-                    buf.resize(reserve + seg_len, 0);
-                    let mut chunk = Chunk {
-                        index,
-                        last: index + 1 == count,
-                        buf,
-                    };
-                    let read = file.read_exact_at(&mut chunk.buf[reserve..], start + offset);
-                    let outcome = match read {
-                        Ok(()) => process(direction, &mut crypter, &mut chunk),
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Io(
-                            io::Error::other("the input shrank while it was being read"),
-                        )),
-                        Err(e) => Err(Error::Io(e)),
-                    };
-                    if done_tx.send(Done::of(chunk, outcome)).is_err() {
-                        break;
-                    }
-                }
-                Ok(())
-            }));
+    let region = Region {
+        file,
+        start,
+        len,
+        first,
+        rest,
+        count: segment_count(len, first, rest),
+        reserve: input_reserve(direction, &layout),
+        next_index: std::sync::atomic::AtomicU64::new(0),
+    };
+    let turns = Turns::new(output, opts.progress);
+    let work = || -> Result<()> {
+        let mut crypter = keys.crypter(backend)?;
+        let mut buf = Vec::with_capacity(layout.segment_size + AES_BLOCK * 2);
+        while !turns.stopped() {
+            let Some(mut chunk) = region.take(buf) else {
+                break;
+            };
+            let outcome = match region.read(&mut chunk) {
+                Ok(()) => process(direction, &mut crypter, &mut chunk),
+                Err(e) => Err(e),
+            };
+            if !turns.write_in_turn(&chunk, outcome) {
+                break;
+            }
+            buf = chunk.buf;
         }
-        drop(done_tx);
-        drop(pool_rx);
-        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
-        join_pipeline(writer, worker_handles)
-    })
+        Ok(())
+    };
+    let worker_error = std::thread::scope(|scope| {
+        let mut worker_error = None;
+        let others: Vec<_> = (1..opts.workers)
+            .map(|_| scope.spawn(|| turns.stop_on_unwind(work)))
+            .collect();
+        let mine = turns.stop_on_unwind(work);
+        for outcome in std::iter::once(Ok(mine)).chain(others.into_iter().map(|h| h.join())) {
+            let e = match outcome {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => Error::Backend("worker thread panicked".into()),
+            };
+            worker_error = worker_error.or(Some(e));
+        }
+        worker_error
+    });
+    turns.finish(worker_error)
+}
+
+/// The segments of a file region, handed out in order to whichever worker
+/// asks next.
+struct Region<'f> {
+    file: &'f std::fs::File,
+    start: u64,
+    len: u64,
+    first: u64,
+    rest: u64,
+    count: u64,
+    reserve: usize,
+    next_index: std::sync::atomic::AtomicU64,
+}
+
+impl Region<'_> {
+    /// The next segment, sized in `buf` but not yet read; None when all are
+    /// taken.
+    fn take(&self, mut buf: Vec<u8>) -> Option<Chunk> {
+        use std::sync::atomic::Ordering;
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        if index >= self.count {
+            return None;
+        }
+        let offset = segment_offset(index, self.first, self.rest);
+        let cap = if index == 0 { self.first } else { self.rest };
+        let seg_len = (self.len - offset).min(cap) as usize;
+        buf.resize(self.reserve + seg_len, 0);
+        Some(Chunk {
+            index,
+            last: index + 1 == self.count,
+            buf,
+        })
+    }
+
+    fn read(&self, chunk: &mut Chunk) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let offset = self.start + segment_offset(chunk.index, self.first, self.rest);
+        match self
+            .file
+            .read_exact_at(&mut chunk.buf[self.reserve..], offset)
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Io(io::Error::other(
+                "the input shrank while it was being read",
+            ))),
+            Err(e) => Err(Error::Io(e)),
+        }
+    }
+}
+
+/// The output, written in segment order by the workers in turn. The first
+/// failed segment stops everything: nothing after it is written.
+struct Turns<'o, W> {
+    state: std::sync::Mutex<TurnState<'o, W>>,
+    turn: std::sync::Condvar,
+    stopped: std::sync::atomic::AtomicBool,
+    progress: Option<&'o (dyn Fn(u64) + Sync)>,
+}
+
+struct TurnState<'o, W> {
+    output: &'o mut W,
+    next: u64,
+    total: u64,
+    outcome: Option<Result<u64>>,
+}
+
+impl<'o, W: Write> Turns<'o, W> {
+    fn new(output: &'o mut W, progress: Option<&'o (dyn Fn(u64) + Sync)>) -> Self {
+        Turns {
+            state: std::sync::Mutex::new(TurnState {
+                output,
+                next: 0,
+                total: 0,
+                outcome: None,
+            }),
+            turn: std::sync::Condvar::new(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+            progress,
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TurnState<'o, W>> {
+        // A worker that panicked holding the lock has set `stopped` first
+        // (see stop_on_unwind); the state is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stop(&self, state: &mut TurnState<'o, W>, outcome: Result<u64>) {
+        state.outcome.get_or_insert(outcome);
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.turn.notify_all();
+    }
+
+    /// Waits until every segment before `chunk` is written, then writes it
+    /// (or, if it failed, stops the run). Returns whether to go on.
+    fn write_in_turn(&self, chunk: &Chunk, outcome: Result<(Range<usize>, u64)>) -> bool {
+        let mut state = self.lock();
+        while state.next != chunk.index && state.outcome.is_none() {
+            state = self.turn.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        if state.outcome.is_some() {
+            return false;
+        }
+        let written = outcome.and_then(|(range, plain)| {
+            state.output.write_all(&chunk.buf[range])?;
+            Ok(plain)
+        });
+        match written {
+            Ok(plain) => {
+                state.total += plain;
+                if let Some(progress) = self.progress {
+                    progress(state.total);
+                }
+                state.next += 1;
+                if chunk.last {
+                    let total = state.total;
+                    self.stop(&mut state, Ok(total));
+                    return false;
+                }
+                self.turn.notify_all();
+                true
+            }
+            Err(e) => {
+                self.stop(&mut state, Err(e));
+                false
+            }
+        }
+    }
+
+    /// Runs `work`, stopping the run if it panics so that no other worker
+    /// waits for a turn that will never come; the panic then goes on.
+    fn stop_on_unwind(&self, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        struct Guard<'t, 'o, W: Write>(&'t Turns<'o, W>);
+        impl<W: Write> Drop for Guard<'_, '_, W> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    let turns = self.0;
+                    let mut state = turns.lock();
+                    let stopped = Error::Backend("worker thread panicked".into());
+                    turns.stop(&mut state, Err(stopped));
+                }
+            }
+        }
+        let _guard = Guard(self);
+        work()
+    }
+
+    /// The run's result: the total once the last segment is written, else
+    /// the first failure (a failed segment before a worker's own error, as
+    /// the segment's is the cause).
+    fn finish(self, worker_error: Option<Error>) -> Result<u64> {
+        let state = self.state.into_inner().unwrap_or_else(|p| p.into_inner());
+        match (state.outcome, worker_error) {
+            (Some(outcome), _) => outcome,
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(Error::Io(io::Error::other(
+                "segment pipeline stopped early",
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -291,3 +291,101 @@ fn files_whose_size_lies_are_read_to_their_end() {
         }
     }
 }
+
+/// An output that fails part-way stops a several-worker positional run with
+/// the write error (no worker is left waiting for its turn), nothing after
+/// the failed write reaches the output, and progress is reported in order.
+#[test]
+fn positional_runs_stop_at_a_failed_write_and_report_progress_in_order() {
+    struct FailsAfter {
+        written: Vec<u8>,
+        writes_left: usize,
+    }
+    impl Write for FailsAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.writes_left == 0 {
+                return Err(std::io::Error::other("disk full"));
+            }
+            self.writes_left -= 1;
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let params = Params::new(Mode::Gcm, 128)
+        .unwrap()
+        .with_segment_size(256)
+        .unwrap();
+    let layout = Layout::new(&params).unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    let plain = data(layout.plaintext_segment_len(0) + 40 * layout.plaintext_segment_len(1));
+    let input = file_with(dir.path(), "p", &plain);
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(&plain[..], &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+    let header_len = sealed.len() - layout.payload_len(plain.len() as u64) as usize;
+    let decryptor = Decryptor::new(vec![
+        Box::new(key().into_identity().unwrap()) as Box<dyn Identity>
+    ]);
+    let ciphertext = file_with(dir.path(), "c", &sealed);
+    for workers in [2, 3, 8] {
+        // The header and stream header take the first writes; then segments.
+        let mut out = FailsAfter {
+            written: Vec::new(),
+            writes_left: 7,
+        };
+        let err = encryptor
+            .encrypt_file(&input, &mut out, &StreamOptions::parallel(workers))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Io(e) if e.to_string() == "disk full"),
+            "{err}"
+        );
+        // Whole segments only (segment 0 is shorter by the stream header).
+        let payload = out.written.len() - header_len;
+        assert!(
+            payload > 0 && payload < sealed.len() - header_len,
+            "{workers}: {payload}"
+        );
+        assert_eq!(payload % 256, 0, "{workers}: {payload}");
+
+        let mut out = FailsAfter {
+            written: Vec::new(),
+            writes_left: 5,
+        };
+        let mut at = ciphertext.try_clone().unwrap();
+        at.seek(SeekFrom::Start(0)).unwrap();
+        let err = decryptor
+            .decrypt_file(&at, &mut out, &StreamOptions::parallel(workers))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Io(e) if e.to_string() == "disk full"),
+            "{err}"
+        );
+        assert_eq!(out.written, &plain[..out.written.len()]);
+        assert_eq!(
+            out.written.len(),
+            layout.plaintext_segment_len(0) + 4 * layout.plaintext_segment_len(1)
+        );
+
+        let seen = std::sync::Mutex::new(Vec::new());
+        let record = |done: u64| seen.lock().unwrap().push(done);
+        let opts = StreamOptions {
+            workers,
+            progress: Some(&record),
+        };
+        at.seek(SeekFrom::Start(0)).unwrap();
+        let mut back = Vec::new();
+        decryptor.decrypt_file(&at, &mut back, &opts).unwrap();
+        assert_eq!(back, plain);
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 41, "{workers}");
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+        assert_eq!(seen.last().copied(), Some(plain.len() as u64));
+    }
+}
