@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 use zeroize::Zeroizing;
@@ -334,6 +336,109 @@ fn segment_index(index: u64) -> Result<u32> {
     u32::try_from(index).map_err(|_| Error::InvalidParams("more than 2^32 segments".into()))
 }
 
+/// Where the engine's time went, summed over its threads and over every
+/// run given the same counters: sealing or opening segments (AES, CPU
+/// time of the threads that did it), reading input and writing output.
+/// Measured per segment step with the monotonic clock (two clock reads a
+/// step), so cheap enough to keep on; shared by reference, so one set can
+/// count a whole run of many files on many threads.
+#[derive(Debug, Default)]
+pub struct Timings {
+    crypto_ns: AtomicU64,
+    read_ns: AtomicU64,
+    write_ns: AtomicU64,
+    segments: AtomicU64,
+    active: AtomicU64,
+    peak_threads: AtomicU64,
+}
+
+/// A reading of [`Timings`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimingsSnapshot {
+    /// Sealing/opening segments, summed over the threads that did it.
+    pub crypto: Duration,
+    /// Reading input (headers and segments), summed over threads.
+    pub read: Duration,
+    /// Writing output (headers, segments, flush), summed over threads.
+    pub write: Duration,
+    /// Segments sealed or opened.
+    pub segments: u64,
+    /// Most threads sealing or opening at once.
+    pub peak_threads: u64,
+}
+
+/// Which counter a measured step adds to.
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    /// Sealing or opening a segment.
+    Crypto,
+    /// Reading input.
+    Read,
+    /// Writing output.
+    Write,
+}
+
+impl Timings {
+    /// Counters at zero.
+    pub fn new() -> Self {
+        Timings::default()
+    }
+
+    /// The figures so far.
+    pub fn snapshot(&self) -> TimingsSnapshot {
+        let d = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        TimingsSnapshot {
+            crypto: d(&self.crypto_ns),
+            read: d(&self.read_ns),
+            write: d(&self.write_ns),
+            segments: self.segments.load(Ordering::Relaxed),
+            peak_threads: self.peak_threads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Adds `elapsed` to the counter of `step`.
+    pub fn add(&self, step: Step, elapsed: Duration) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let counter = match step {
+            Step::Crypto => {
+                self.segments.fetch_add(1, Ordering::Relaxed);
+                &self.crypto_ns
+            }
+            Step::Read => &self.read_ns,
+            Step::Write => &self.write_ns,
+        };
+        counter.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Counts a thread that seals or opens until the guard is dropped.
+    fn enter(&self) -> ThreadGuard<'_> {
+        let now = self.active.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_threads.fetch_max(now, Ordering::Relaxed);
+        ThreadGuard(self)
+    }
+}
+
+struct ThreadGuard<'a>(&'a Timings);
+
+impl Drop for ThreadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f`, adding its duration to `step` when there are counters.
+pub fn timed<T>(timings: Option<&Timings>, step: Step, f: impl FnOnce() -> T) -> T {
+    match timings {
+        None => f(),
+        Some(t) => {
+            let start = Instant::now();
+            let out = f();
+            t.add(step, start.elapsed());
+            out
+        }
+    }
+}
+
 /// How to run the engine.
 #[derive(Clone, Copy, Default)]
 pub struct StreamOptions<'a> {
@@ -341,6 +446,8 @@ pub struct StreamOptions<'a> {
     pub workers: usize,
     /// Called with the number of plaintext bytes done, as segments complete.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// Counters to add the engine's read, AES and write time to.
+    pub timings: Option<&'a Timings>,
 }
 
 impl<'a> StreamOptions<'a> {
@@ -354,6 +461,7 @@ impl<'a> StreamOptions<'a> {
         StreamOptions {
             workers,
             progress: None,
+            timings: None,
         }
     }
 }
@@ -541,13 +649,18 @@ fn run_sequential<R: Read, W: Write>(
     let mut chunker = Chunker::new(input);
     let mut buf = Vec::new();
     let mut total = 0u64;
+    let t = opts.timings;
+    let _counted = t.map(Timings::enter);
     loop {
         let index = chunker.index;
-        let Some(mut chunk) = chunker.next(buf, reserve, want(direction, &layout, index))? else {
+        let want = want(direction, &layout, index);
+        let Some(mut chunk) = timed(t, Step::Read, || chunker.next(buf, reserve, want))? else {
             return Ok(total);
         };
-        let (range, plain) = process(direction, &mut crypter, &mut chunk)?;
-        output.write_all(&chunk.buf[range])?;
+        let (range, plain) = timed(t, Step::Crypto, || {
+            process(direction, &mut crypter, &mut chunk)
+        })?;
+        timed(t, Step::Write, || output.write_all(&chunk.buf[range]))?;
         total += plain;
         if let Some(progress) = opts.progress {
             progress(total);
@@ -589,6 +702,7 @@ fn run_parallel<R: Read, W: Write + Send>(
     let (done_tx, done_rx) = bounded::<Done>(buffers);
     let reserve = input_reserve(direction, &layout);
     let progress = opts.progress;
+    let timings = opts.timings;
 
     std::thread::scope(|scope| {
         let mut worker_handles = Vec::with_capacity(workers);
@@ -597,8 +711,11 @@ fn run_parallel<R: Read, W: Write + Send>(
             let done_tx = done_tx.clone();
             worker_handles.push(scope.spawn(move || -> Result<()> {
                 let mut crypter = keys.crypter(backend)?;
+                let _counted = timings.map(Timings::enter);
                 for mut chunk in job_rx {
-                    let outcome = process(direction, &mut crypter, &mut chunk);
+                    let outcome = timed(timings, Step::Crypto, || {
+                        process(direction, &mut crypter, &mut chunk)
+                    });
                     if done_tx.send(Done::of(chunk, outcome)).is_err() {
                         break;
                     }
@@ -609,13 +726,14 @@ fn run_parallel<R: Read, W: Write + Send>(
         drop(job_rx);
         drop(done_tx);
 
-        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
+        let writer =
+            scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress, timings));
 
         let mut chunker = Chunker::new(input);
         let mut read_error = None;
         while let Ok(buf) = pool_rx.recv() {
-            let index = chunker.index;
-            match chunker.next(buf, reserve, want(direction, &layout, index)) {
+            let want = want(direction, &layout, chunker.index);
+            match timed(timings, Step::Read, || chunker.next(buf, reserve, want)) {
                 Ok(Some(chunk)) => {
                     if job_tx.send(chunk).is_err() {
                         break;
@@ -646,6 +764,7 @@ fn ordered_writer<W: Write>(
     output: &mut W,
     pool_tx: &crossbeam_channel::Sender<Vec<u8>>,
     progress: Option<&(dyn Fn(u64) + Sync)>,
+    timings: Option<&Timings>,
 ) -> Result<u64> {
     let mut pending = BTreeMap::new();
     let mut next = 0u64;
@@ -654,7 +773,7 @@ fn ordered_writer<W: Write>(
         pending.insert(done.index, done);
         while let Some(done) = pending.remove(&next) {
             let (range, plain) = done.outcome?;
-            output.write_all(&done.buf[range])?;
+            timed(timings, Step::Write, || output.write_all(&done.buf[range]))?;
             total += plain;
             if let Some(progress) = progress {
                 progress(total);
@@ -719,6 +838,30 @@ fn segment_count(len: u64, first: u64, rest: u64) -> u64 {
     }
 }
 
+/// Reads `chunk` (its buffer already sized) from `file` at `at` with a
+/// positional read, then seals or opens it.
+fn positional_segment(
+    direction: Direction,
+    crypter: &mut SegmentCrypter,
+    file: &std::fs::File,
+    at: u64,
+    reserve: usize,
+    chunk: &mut Chunk,
+    timings: Option<&Timings>,
+) -> Result<(Range<usize>, u64)> {
+    use std::os::unix::fs::FileExt;
+    let read = timed(timings, Step::Read, || {
+        file.read_exact_at(&mut chunk.buf[reserve..], at)
+    });
+    match read {
+        Ok(()) => timed(timings, Step::Crypto, || process(direction, crypter, chunk)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Io(io::Error::other(
+            "the input shrank while it was being read",
+        ))),
+        Err(e) => Err(Error::Io(e)),
+    }
+}
+
 /// As [`run`], for a regular file whose region `[start, end)` is known: the
 /// workers read their own segments with positional reads, so reading is
 /// parallel too and each segment is encrypted while still in cache. A
@@ -735,8 +878,6 @@ pub fn run_file<W: Write + Send>(
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::FileExt;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
     let len = end.saturating_sub(start);
     if opts.workers <= 1 {
@@ -755,6 +896,7 @@ pub fn run_file<W: Write + Send>(
     let reserve = input_reserve(direction, &layout);
     let next_index = AtomicU64::new(0);
     let progress = opts.progress;
+    let timings = opts.timings;
 
     std::thread::scope(|scope| {
         let mut worker_handles = Vec::with_capacity(workers);
@@ -764,6 +906,7 @@ pub fn run_file<W: Write + Send>(
             let next_index = &next_index;
             worker_handles.push(scope.spawn(move || -> Result<()> {
                 let mut crypter = keys.crypter(backend)?;
+                let _counted = timings.map(Timings::enter);
                 // Take a buffer first, then an index: indices go out in
                 // order, and only to workers that can run them at once.
                 while let Ok(mut buf) = pool_rx.recv() {
@@ -780,14 +923,16 @@ pub fn run_file<W: Write + Send>(
                         last: index + 1 == count,
                         buf,
                     };
-                    let read = file.read_exact_at(&mut chunk.buf[reserve..], start + offset);
-                    let outcome = match read {
-                        Ok(()) => process(direction, &mut crypter, &mut chunk),
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(Error::Io(
-                            io::Error::other("the input shrank while it was being read"),
-                        )),
-                        Err(e) => Err(Error::Io(e)),
-                    };
+                    let at = start + offset;
+                    let outcome = positional_segment(
+                        direction,
+                        &mut crypter,
+                        file,
+                        at,
+                        reserve,
+                        &mut chunk,
+                        timings,
+                    );
                     if done_tx.send(Done::of(chunk, outcome)).is_err() {
                         break;
                     }
@@ -797,7 +942,8 @@ pub fn run_file<W: Write + Send>(
         }
         drop(done_tx);
         drop(pool_rx);
-        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
+        let writer =
+            scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress, timings));
         join_pipeline(writer, worker_handles)
     })
 }
