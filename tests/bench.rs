@@ -145,6 +145,9 @@ fn quick_run_on_the_simulator() {
         .as_array()
         .is_some_and(|a| a.iter().any(|r| r["unbind_source"] == "measured-rsa2048")));
 
+    // The per-file series ran through the command line, with sane values.
+    check_per_file(&doc);
+
     // The plot is a non-empty SVG document.
     let text = std::fs::read_to_string(&svg).expect("plot written");
     assert!(!text.is_empty());
@@ -156,8 +159,48 @@ fn quick_run_on_the_simulator() {
     let mut lines = csv.lines();
     let width = lines.next().expect("header").split(',').count();
     assert!(lines.clone().count() > 10);
-    for l in lines {
+    for l in lines.clone() {
         assert_eq!(l.split(',').count(), width, "ragged CSV line: {l}");
+    }
+    assert_eq!(lines.filter(|l| l.starts_with("perfile,")).count(), 12 * 6);
+    assert!(stdout.contains("== Per file, through the command line"));
+}
+
+/// encrypt and decrypt, durable and --no-sync, at 4 KiB, 64 KiB and 1 MiB:
+/// every point's parts are there and consistent with each other.
+fn check_per_file(doc: &Value) {
+    let pf = &doc["per_file"];
+    assert_eq!(pf["available"], true, "per-file series: {}", pf["reason"]);
+    let points = pf["points"].as_array().expect("per_file.points");
+    assert_eq!(points.len(), 12);
+    for p in points {
+        let num = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{k}: {p}"));
+        let (total, commit, unwrap) = (num("total_ms"), num("commit_ms"), num("unwrap_ms"));
+        assert!(num("files") >= 8.0, "{p}");
+        assert!(
+            total > 0.0 && num("aes_cpu_ms") > 0.0 && num("io_ms") > 0.0,
+            "{p}"
+        );
+        // files/s is the inverse of the wall time per file.
+        assert!((num("files_per_s") * total / 1e3 - 1.0).abs() < 1e-6, "{p}");
+        // Wall-time parts fit in the wall time; CPU parts in the CPUs' time.
+        assert!(commit + unwrap + num("other_ms") <= total * 1.001, "{p}");
+        let cpus = doc["system"]["cpus"].as_f64().expect("cpus");
+        assert!(
+            num("aes_cpu_ms") + num("io_ms") <= total * cpus * 1.05 + 0.01,
+            "{p}"
+        );
+        match p["sync"].as_str() {
+            Some("no-sync") => assert_eq!(commit, 0.0, "{p}"),
+            _ => assert!(commit > 0.0, "durable runs wait for durability: {p}"),
+        }
+        match p["direction"].as_str() {
+            Some("encrypt") => assert_eq!(unwrap, 0.0, "{p}"),
+            _ => assert!(unwrap > 0.0, "a decrypt run unwraps its session key: {p}"),
+        }
+    }
+    for size in [4096, 65536, 1 << 20] {
+        assert!(points.iter().any(|p| p["size"] == size), "size {size}");
     }
 }
 

@@ -2429,6 +2429,32 @@ fn verbose_reports_the_split_of_the_run() {
         .unwrap_or_else(|| panic!("{split}"));
     assert!(secs > 0.0, "{split}");
     assert!(split.contains("committing (sync, rename"), "{split}");
+    // The wall-clock split adds up, and the engine's own figures are there:
+    // AES as CPU time over its threads, read and write time.
+    let wall = res
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("tpmcrypt: wall "))
+        .unwrap_or_else(|| panic!("no wall split line: {}", res.stderr));
+    let figures: Vec<f64> = wall
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // wall T s = setup + unwrap + files + commit + other (ms).
+    assert!(figures.len() >= 6, "{wall}");
+    let parts: f64 = figures[1..6].iter().sum();
+    assert!(
+        (parts - figures[0] * 1e3).abs() <= 2.0,
+        "the parts {parts} ms do not add up to the wall time: {wall}"
+    );
+    let engine = res
+        .stderr
+        .lines()
+        .find(|l| l.contains(" cpu over "))
+        .unwrap_or_else(|| panic!("no engine split line: {}", res.stderr));
+    for word in ["aes ", "read ", "write "] {
+        assert!(engine.contains(word), "{word:?} missing: {engine}");
+    }
 }
 
 /// `--stats-json FILE` writes the run's figures as JSON.
@@ -2462,6 +2488,7 @@ fn stats_json_gives_the_figures_of_the_run() {
     assert_eq!(v["session"], "own");
     assert!(v["seconds"].as_f64().unwrap() > 0.0);
     assert!(v["commit_seconds"].as_f64().unwrap() >= 0.0);
+    assert_split_is_consistent(&v);
     let res = run(
         d,
         &[
@@ -2482,4 +2509,47 @@ fn stats_json_gives_the_figures_of_the_run() {
     assert_eq!(v["files_ok"], 20);
     assert_eq!(v["session_key_unwraps"], 1);
     assert_eq!(v["tpm_unbinds"], 0);
+    assert_split_is_consistent(&v);
+    // One unwrap with the recovery key: some time, less than the run.
+    let unwrap = v["wall_ms"]["unwrap"].as_f64().unwrap();
+    assert!(unwrap > 0.0 && unwrap < v["wall_ms"]["total"].as_f64().unwrap());
+}
+
+/// The split of a non-empty run in `--stats-json`: AES, read and write
+/// time from the engine, and a wall-clock split whose parts add up.
+fn assert_split_is_consistent(v: &serde_json::Value) {
+    let num = |key: &str| {
+        v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing or not a number: {v}"))
+    };
+    let wall = |key: &str| {
+        v["wall_ms"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("wall_ms.{key} missing: {v}"))
+    };
+    let total = wall("total");
+    assert!((total - num("seconds") * 1e3).abs() < 1.0, "{v}");
+    let parts: Vec<f64> = ["setup", "unwrap", "files", "commit", "other"]
+        .iter()
+        .map(|k| wall(k))
+        .collect();
+    assert!(parts.iter().all(|&p| p >= 0.0), "{v}");
+    let sum: f64 = parts.iter().sum();
+    assert!(
+        sum <= total + 1.0 && sum >= total - 1.0,
+        "{sum} vs {total}: {v}"
+    );
+    assert!(
+        (wall("commit") - num("commit_seconds") * 1e3).abs() < 0.01,
+        "{v}"
+    );
+    // The engine's figures: CPU time summed over its threads, so AES is
+    // bounded by the threads times the wall time of the files part.
+    assert!(num("aes_cpu_ms") > 0.0, "{v}");
+    assert!(num("read_ms") > 0.0 && num("write_ms") > 0.0, "{v}");
+    let threads = num("aes_threads");
+    assert!(threads >= 1.0, "{v}");
+    assert!(num("aes_cpu_ms") <= threads * wall("files") + 1.0, "{v}");
+    assert!(num("segments") >= v["files_ok"].as_f64().unwrap(), "{v}");
 }

@@ -28,4 +28,4 @@ pub use format::{Header, Mode, Params, Stanza};
 pub use recipient::{Identity, Recipient};
 pub use secret::SessionKey;
 pub use session::{Decryptor, Encryptor, SessionCache};
-pub use stream::StreamOptions;
+pub use stream::{StreamOptions, Timings, TimingsSnapshot};

@@ -20,7 +20,9 @@ use crate::error::{Error, Result};
 use crate::format::{Header, Params, HEADER_MAC_LEN};
 use crate::recipient::{Identity, Recipient};
 use crate::secret::SessionKey;
-use crate::stream::{self, Direction, FileKeys, Layout, StreamOptions, NONCE_PREFIX_LEN};
+use crate::stream::{
+    self, timed, Direction, FileKeys, Layout, Step, StreamOptions, Timings, NONCE_PREFIX_LEN,
+};
 
 const HEADER_MAC_INFO: &[u8] = b"tpmcrypt/v1/header-mac";
 
@@ -184,7 +186,7 @@ impl Encryptor {
         opts: &StreamOptions<'_>,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<u64> {
-        let keys = self.begin_file(&mut output, rng)?;
+        let keys = self.begin_file(&mut output, rng, opts.timings)?;
         let n = stream::run(
             Direction::Seal,
             &self.backend,
@@ -193,7 +195,7 @@ impl Encryptor {
             &mut output,
             opts,
         )?;
-        output.flush()?;
+        timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
     }
 
@@ -209,7 +211,7 @@ impl Encryptor {
         let Some((start, end)) = regular_region(file)? else {
             return self.encrypt(file, output, opts);
         };
-        let keys = self.begin_file(&mut output, &mut OsRng)?;
+        let keys = self.begin_file(&mut output, &mut OsRng, opts.timings)?;
         let n = stream::run_file(
             Direction::Seal,
             &self.backend,
@@ -221,7 +223,7 @@ impl Encryptor {
             opts,
         )?;
         ends_at(file, end)?;
-        output.flush()?;
+        timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
     }
 
@@ -231,6 +233,7 @@ impl Encryptor {
         &self,
         output: &mut W,
         rng: &mut dyn CryptoRngCore,
+        timings: Option<&Timings>,
     ) -> Result<FileKeys> {
         let key_len = self.layout.key_len;
         let mut stream_header = vec![0u8; self.layout.stream_header_len()];
@@ -247,8 +250,10 @@ impl Encryptor {
             &self.header,
             nonce_prefix,
         )?;
-        output.write_all(&self.header)?;
-        output.write_all(&stream_header)?;
+        timed(timings, Step::Write, || {
+            output.write_all(&self.header)?;
+            output.write_all(&stream_header)
+        })?;
         Ok(keys)
     }
 }
@@ -336,6 +341,8 @@ pub struct Decryptor {
     cache: Mutex<HashMap<[u8; 32], Arc<SessionKey>>>,
     external: Option<Box<dyn SessionCache>>,
     unwraps: AtomicU64,
+    /// Nanoseconds spent getting session keys not held yet.
+    fetch_ns: AtomicU64,
     backend: Option<Arc<dyn Backend>>,
 }
 
@@ -347,6 +354,7 @@ impl Decryptor {
             cache: Mutex::new(HashMap::new()),
             external: None,
             unwraps: AtomicU64::new(0),
+            fetch_ns: AtomicU64::new(0),
             backend: None,
         }
     }
@@ -366,6 +374,12 @@ impl Decryptor {
     /// How many session keys were unwrapped (identity operations performed).
     pub fn unwrap_count(&self) -> u64 {
         self.unwraps.load(Ordering::Relaxed)
+    }
+
+    /// Time spent getting session keys this decryptor did not hold yet:
+    /// asking the session cache and unwrapping (a TPM's unbind included).
+    pub fn unwrap_time(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.fetch_ns.load(Ordering::Relaxed))
     }
 
     /// Seeds the cache with a session key obtained elsewhere (an agent).
@@ -397,21 +411,29 @@ impl Decryptor {
             verify_header(header, key)?;
             return Ok(key.clone());
         }
-        if let Some(key) = self.external.as_ref().and_then(|c| c.get(&digest)) {
+        let start = std::time::Instant::now();
+        let fetched = self.fetch_session_key(header, &digest);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.fetch_ns.fetch_add(ns, Ordering::Relaxed);
+        let key = Arc::new(fetched?);
+        cache.insert(digest, key.clone());
+        Ok(key)
+    }
+
+    /// A session key not held yet: from the external cache, or unwrapped
+    /// by an identity (and then offered to the external cache).
+    fn fetch_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<SessionKey> {
+        if let Some(key) = self.external.as_ref().and_then(|c| c.get(digest)) {
             // A key that fails the MAC is ignored: the identities decide.
             if verify_header(header, &key).is_ok() {
-                let key = Arc::new(key);
-                cache.insert(digest, key.clone());
                 return Ok(key);
             }
         }
         let key = self.unwrap_any(header)?;
         verify_header(header, &key)?;
         if let Some(external) = &self.external {
-            external.put(&digest, &key);
+            external.put(digest, &key);
         }
-        let key = Arc::new(key);
-        cache.insert(digest, key.clone());
         Ok(key)
     }
 
@@ -445,7 +467,7 @@ impl Decryptor {
         output: W,
         opts: &StreamOptions<'_>,
     ) -> Result<u64> {
-        let header = Header::read_from(&mut input)?;
+        let header = timed(opts.timings, Step::Read, || Header::read_from(&mut input))?;
         self.decrypt_payload(&header, input, output, opts)
     }
 
@@ -457,7 +479,7 @@ impl Decryptor {
         mut output: W,
         opts: &StreamOptions<'_>,
     ) -> Result<u64> {
-        let (backend, keys) = self.begin_payload(header, &mut input)?;
+        let (backend, keys) = self.begin_payload(header, &mut input, opts.timings)?;
         let n = stream::run(
             Direction::Open,
             &backend,
@@ -466,7 +488,7 @@ impl Decryptor {
             &mut output,
             opts,
         )?;
-        output.flush()?;
+        timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
     }
 
@@ -482,8 +504,8 @@ impl Decryptor {
             return self.decrypt(file, output, opts);
         }
         let mut input = file;
-        let header = Header::read_from(&mut input)?;
-        let (backend, keys) = self.begin_payload(&header, &mut input)?;
+        let header = timed(opts.timings, Step::Read, || Header::read_from(&mut input))?;
+        let (backend, keys) = self.begin_payload(&header, &mut input, opts.timings)?;
         let (start, end) = regular_region(file)?.unwrap_or_default();
         let n = stream::run_file(
             Direction::Open,
@@ -496,7 +518,7 @@ impl Decryptor {
             opts,
         )?;
         ends_at(file, end)?;
-        output.flush()?;
+        timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
     }
 
@@ -505,6 +527,7 @@ impl Decryptor {
         &self,
         header: &Header,
         input: &mut R,
+        timings: Option<&Timings>,
     ) -> Result<(Arc<dyn Backend>, FileKeys)> {
         let key = self.session_key(header)?;
         let layout = Layout::new(&header.params)?;
@@ -513,7 +536,10 @@ impl Decryptor {
             .clone()
             .unwrap_or_else(|| backend::default_for(header.params.mode, header.params.key_len));
         let mut stream_header = vec![0u8; layout.stream_header_len()];
-        if stream::read_full(input, &mut stream_header)? < stream_header.len() {
+        let got = timed(timings, Step::Read, || {
+            stream::read_full(input, &mut stream_header)
+        })?;
+        if got < stream_header.len() {
             return Err(Error::TruncatedHeader);
         }
         if stream_header[0] as usize != stream_header.len() {

@@ -19,7 +19,9 @@
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
 use zeroize::Zeroizing;
@@ -334,6 +336,109 @@ fn segment_index(index: u64) -> Result<u32> {
     u32::try_from(index).map_err(|_| Error::InvalidParams("more than 2^32 segments".into()))
 }
 
+/// Where the engine's time went, summed over its threads and over every
+/// run given the same counters: sealing or opening segments (AES, CPU
+/// time of the threads that did it), reading input and writing output.
+/// Measured per segment step with the monotonic clock (two clock reads a
+/// step), so cheap enough to keep on; shared by reference, so one set can
+/// count a whole run of many files on many threads.
+#[derive(Debug, Default)]
+pub struct Timings {
+    crypto_ns: AtomicU64,
+    read_ns: AtomicU64,
+    write_ns: AtomicU64,
+    segments: AtomicU64,
+    active: AtomicU64,
+    peak_threads: AtomicU64,
+}
+
+/// A reading of [`Timings`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimingsSnapshot {
+    /// Sealing/opening segments, summed over the threads that did it.
+    pub crypto: Duration,
+    /// Reading input (headers and segments), summed over threads.
+    pub read: Duration,
+    /// Writing output (headers, segments, flush), summed over threads.
+    pub write: Duration,
+    /// Segments sealed or opened.
+    pub segments: u64,
+    /// Most threads sealing or opening at once.
+    pub peak_threads: u64,
+}
+
+/// Which counter a measured step adds to.
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    /// Sealing or opening a segment.
+    Crypto,
+    /// Reading input.
+    Read,
+    /// Writing output.
+    Write,
+}
+
+impl Timings {
+    /// Counters at zero.
+    pub fn new() -> Self {
+        Timings::default()
+    }
+
+    /// The figures so far.
+    pub fn snapshot(&self) -> TimingsSnapshot {
+        let d = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        TimingsSnapshot {
+            crypto: d(&self.crypto_ns),
+            read: d(&self.read_ns),
+            write: d(&self.write_ns),
+            segments: self.segments.load(Ordering::Relaxed),
+            peak_threads: self.peak_threads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Adds `elapsed` to the counter of `step`.
+    pub fn add(&self, step: Step, elapsed: Duration) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let counter = match step {
+            Step::Crypto => {
+                self.segments.fetch_add(1, Ordering::Relaxed);
+                &self.crypto_ns
+            }
+            Step::Read => &self.read_ns,
+            Step::Write => &self.write_ns,
+        };
+        counter.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Counts a thread that seals or opens until the guard is dropped.
+    fn enter(&self) -> ThreadGuard<'_> {
+        let now = self.active.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_threads.fetch_max(now, Ordering::Relaxed);
+        ThreadGuard(self)
+    }
+}
+
+struct ThreadGuard<'a>(&'a Timings);
+
+impl Drop for ThreadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f`, adding its duration to `step` when there are counters.
+pub fn timed<T>(timings: Option<&Timings>, step: Step, f: impl FnOnce() -> T) -> T {
+    match timings {
+        None => f(),
+        Some(t) => {
+            let start = Instant::now();
+            let out = f();
+            t.add(step, start.elapsed());
+            out
+        }
+    }
+}
+
 /// How to run the engine.
 #[derive(Clone, Copy, Default)]
 pub struct StreamOptions<'a> {
@@ -341,6 +446,8 @@ pub struct StreamOptions<'a> {
     pub workers: usize,
     /// Called with the number of plaintext bytes done, as segments complete.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// Counters to add the engine's read, AES and write time to.
+    pub timings: Option<&'a Timings>,
 }
 
 impl<'a> StreamOptions<'a> {
@@ -354,6 +461,7 @@ impl<'a> StreamOptions<'a> {
         StreamOptions {
             workers,
             progress: None,
+            timings: None,
         }
     }
 }
@@ -557,13 +665,18 @@ fn run_sequential<R: Read, W: Write>(
     let mut chunker = Chunker::new(input);
     let mut buf = Vec::new();
     let mut total = 0u64;
+    let t = opts.timings;
+    let _counted = t.map(Timings::enter);
     loop {
         let index = chunker.index;
-        let Some(mut chunk) = chunker.next(buf, reserve, want(direction, &layout, index))? else {
+        let want = want(direction, &layout, index);
+        let Some(mut chunk) = timed(t, Step::Read, || chunker.next(buf, reserve, want))? else {
             return Ok(total);
         };
-        let (range, plain) = process(direction, &mut crypter, &mut chunk)?;
-        output.write_all(&chunk.buf[range])?;
+        let (range, plain) = timed(t, Step::Crypto, || {
+            process(direction, &mut crypter, &mut chunk)
+        })?;
+        timed(t, Step::Write, || output.write_all(&chunk.buf[range]))?;
         total += plain;
         if let Some(progress) = opts.progress {
             progress(total);
@@ -605,6 +718,7 @@ fn run_parallel<R: Read, W: Write + Send>(
     let (done_tx, done_rx) = bounded::<Done>(buffers);
     let reserve = input_reserve(direction, &layout);
     let progress = opts.progress;
+    let timings = opts.timings;
 
     std::thread::scope(|scope| {
         let mut worker_handles = Vec::with_capacity(workers);
@@ -613,8 +727,11 @@ fn run_parallel<R: Read, W: Write + Send>(
             let done_tx = done_tx.clone();
             worker_handles.push(scope.spawn(move || -> Result<()> {
                 let mut crypter = keys.crypter(backend)?;
+                let _counted = timings.map(Timings::enter);
                 for mut chunk in job_rx {
-                    let outcome = process(direction, &mut crypter, &mut chunk);
+                    let outcome = timed(timings, Step::Crypto, || {
+                        process(direction, &mut crypter, &mut chunk)
+                    });
                     if done_tx.send(Done::of(chunk, outcome)).is_err() {
                         break;
                     }
@@ -625,13 +742,14 @@ fn run_parallel<R: Read, W: Write + Send>(
         drop(job_rx);
         drop(done_tx);
 
-        let writer = scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress));
+        let writer =
+            scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress, timings));
 
         let mut chunker = Chunker::new(input);
         let mut read_error = None;
         while let Ok(buf) = pool_rx.recv() {
-            let index = chunker.index;
-            match chunker.next(buf, reserve, want(direction, &layout, index)) {
+            let want = want(direction, &layout, chunker.index);
+            match timed(timings, Step::Read, || chunker.next(buf, reserve, want)) {
                 Ok(Some(chunk)) => {
                     if job_tx.send(chunk).is_err() {
                         break;
@@ -662,6 +780,7 @@ fn ordered_writer<W: Write>(
     output: &mut W,
     pool_tx: &crossbeam_channel::Sender<Vec<u8>>,
     progress: Option<&(dyn Fn(u64) + Sync)>,
+    timings: Option<&Timings>,
 ) -> Result<u64> {
     let mut pending = BTreeMap::new();
     let mut next = 0u64;
@@ -670,7 +789,7 @@ fn ordered_writer<W: Write>(
         pending.insert(done.index, done);
         while let Some(done) = pending.remove(&next) {
             let (range, plain) = done.outcome?;
-            output.write_all(&done.buf[range])?;
+            timed(timings, Step::Write, || output.write_all(&done.buf[range]))?;
             total += plain;
             if let Some(progress) = progress {
                 progress(total);
@@ -775,16 +894,20 @@ pub fn run_file<W: Write + Send>(
         reserve: input_reserve(direction, &layout),
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
-    let turns = Turns::new(output, opts.progress);
+    let timings = opts.timings;
+    let turns = Turns::new(output, opts.progress, timings);
     let work = || -> Result<()> {
         let mut crypter = keys.crypter(backend)?;
+        let _counted = timings.map(Timings::enter);
         let mut buf = Vec::with_capacity(layout.segment_size + AES_BLOCK * 2);
         while !turns.stopped() {
             let Some(mut chunk) = region.take(buf) else {
                 break;
             };
-            let outcome = match region.read(&mut chunk) {
-                Ok(()) => process(direction, &mut crypter, &mut chunk),
+            let outcome = match timed(timings, Step::Read, || region.read(&mut chunk)) {
+                Ok(()) => timed(timings, Step::Crypto, || {
+                    process(direction, &mut crypter, &mut chunk)
+                }),
                 Err(e) => Err(e),
             };
             if !turns.write_in_turn(&chunk, outcome) {
@@ -869,6 +992,7 @@ struct Turns<'o, W> {
     turn: std::sync::Condvar,
     stopped: std::sync::atomic::AtomicBool,
     progress: Option<&'o (dyn Fn(u64) + Sync)>,
+    timings: Option<&'o Timings>,
 }
 
 struct TurnState<'o, W> {
@@ -879,7 +1003,11 @@ struct TurnState<'o, W> {
 }
 
 impl<'o, W: Write> Turns<'o, W> {
-    fn new(output: &'o mut W, progress: Option<&'o (dyn Fn(u64) + Sync)>) -> Self {
+    fn new(
+        output: &'o mut W,
+        progress: Option<&'o (dyn Fn(u64) + Sync)>,
+        timings: Option<&'o Timings>,
+    ) -> Self {
         Turns {
             state: std::sync::Mutex::new(TurnState {
                 output,
@@ -890,6 +1018,7 @@ impl<'o, W: Write> Turns<'o, W> {
             turn: std::sync::Condvar::new(),
             stopped: std::sync::atomic::AtomicBool::new(false),
             progress,
+            timings,
         }
     }
 
@@ -920,8 +1049,11 @@ impl<'o, W: Write> Turns<'o, W> {
         if state.outcome.is_some() {
             return false;
         }
+        let timings = self.timings;
         let written = outcome.and_then(|(range, plain)| {
-            state.output.write_all(&chunk.buf[range])?;
+            timed(timings, Step::Write, || {
+                state.output.write_all(&chunk.buf[range])
+            })?;
             Ok(plain)
         });
         match written {

@@ -278,6 +278,7 @@ fn files_whose_size_lies_are_read_to_their_end() {
             let opts = StreamOptions {
                 workers,
                 progress: None,
+                timings: None,
             };
             let mut ct = Vec::new();
             encryptor
@@ -376,6 +377,7 @@ fn positional_runs_stop_at_a_failed_write_and_report_progress_in_order() {
         let seen = std::sync::Mutex::new(Vec::new());
         let record = |done: u64| seen.lock().unwrap().push(done);
         let opts = StreamOptions {
+            timings: None,
             workers,
             progress: Some(&record),
         };
@@ -388,4 +390,56 @@ fn positional_runs_stop_at_a_failed_write_and_report_progress_in_order() {
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
         assert_eq!(seen.last().copied(), Some(plain.len() as u64));
     }
+}
+
+/// The engine's timings count every segment once, on every path (streamed
+/// and positional, sequential and parallel), with the read, AES and write
+/// time of a non-empty run above zero, and the threads that sealed or
+/// opened at once.
+#[test]
+fn timings_count_every_segment_on_every_path() {
+    use tpmcrypt_cipher::Timings;
+    let dir = tempfile::tempdir().unwrap();
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let identity: Box<dyn Identity> = Box::new(key().into_identity().unwrap());
+    let decryptor = Decryptor::new(vec![identity]);
+    let params = Params::new(Mode::Gcm, 256)
+        .unwrap()
+        .with_segment_size(4096)
+        .unwrap();
+    let layout = Layout::new(&params).unwrap();
+    let len = layout.plaintext_segment_len(0) + 9 * layout.plaintext_segment_len(1) + 5;
+    let plain = data(len);
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    for workers in [1, 3] {
+        let input = file_with(dir.path(), "p", &plain);
+        let timings = Timings::new();
+        let opts = StreamOptions {
+            workers,
+            progress: None,
+            timings: Some(&timings),
+        };
+        let mut sealed = Vec::new();
+        encryptor.encrypt_file(&input, &mut sealed, &opts).unwrap();
+        encryptor.encrypt(&plain[..], &mut sealed, &opts).unwrap();
+        let t = timings.snapshot();
+        assert_eq!(t.segments, 2 * 11, "workers {workers}");
+        assert_eq!(t.peak_threads, workers as u64);
+        assert!(t.crypto.as_nanos() > 0 && t.read.as_nanos() > 0 && t.write.as_nanos() > 0);
+        // Decrypting (one ciphertext, through a file): as many segments again.
+        let ct = file_with(dir.path(), "c", &sealed[..sealed.len() / 2]);
+        let timings = Timings::new();
+        let opts = StreamOptions {
+            timings: Some(&timings),
+            ..opts
+        };
+        let mut back = Vec::new();
+        decryptor.decrypt_file(&ct, &mut back, &opts).unwrap();
+        assert_eq!(back, plain);
+        let t = timings.snapshot();
+        assert_eq!(t.segments, 11);
+        assert!(t.crypto.as_nanos() > 0 && t.read.as_nanos() > 0 && t.write.as_nanos() > 0);
+    }
+    assert!(decryptor.unwrap_time().as_nanos() > 0);
+    assert_eq!(decryptor.unwrap_count(), 1);
 }

@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use tpmcrypt_cipher::StreamOptions;
+use tpmcrypt_cipher::{StreamOptions, Timings};
 
 use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile};
@@ -391,6 +391,8 @@ pub struct RunOptions {
     pub output_kind: Holds,
     /// Bounds of a group commit (see [`crate::batch`]).
     pub batch: batch::Limits,
+    /// The engine's read, AES and write time over the whole run.
+    pub timings: std::sync::Arc<Timings>,
 }
 
 impl RunOptions {
@@ -824,6 +826,7 @@ fn run_one(
     let stream_opts = StreamOptions {
         workers,
         progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
+        timings: Some(&opts.timings),
     };
     let write_error = |output: &dyn std::fmt::Display| WriteError {
         output: output.to_string(),

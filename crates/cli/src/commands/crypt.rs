@@ -3,8 +3,9 @@
 //! everything decrypted.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tpmcrypt_cipher::{backend, Decryptor, Mode, Params};
+use tpmcrypt_cipher::{backend, Decryptor, Mode, Params, TimingsSnapshot};
 
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
@@ -28,6 +29,7 @@ fn run_options(
         refuse_tty_output,
         output_kind,
         batch: crate::batch::Limits::default(),
+        timings: Default::default(),
     }
 }
 
@@ -65,11 +67,89 @@ fn with_walk_failures(mut summary: Summary, plan: &files::Plan) -> Summary {
 /// the wait for durability (group commits) and the TPM (if used).
 pub struct Timing {
     /// When the command started.
-    pub start: std::time::Instant,
+    pub start: Instant,
+    /// From the start to the first file: keys, recipients, the walk.
+    pub setup: Duration,
+    /// The files themselves, from the first to the last commit.
+    pub files: Duration,
+    /// Getting session keys (decrypt): the agent, unwraps, TPM unbinds.
+    pub unwrap: Duration,
     /// Time spent with the TPM, if it was used.
-    pub tpm: Option<std::time::Duration>,
+    pub tpm: Option<Duration>,
     /// How `encrypt` came by its session.
     pub session: Option<&'static str>,
+    /// The engine's read, AES and write time, summed over its threads.
+    pub engine: TimingsSnapshot,
+}
+
+/// The run's wall time in parts that add up to it: setup, unwrap, the
+/// files (read, AES and write, on however many threads), commit, other.
+struct WallSplit {
+    total: Duration,
+    setup: Duration,
+    unwrap: Duration,
+    files: Duration,
+    commit: Duration,
+    other: Duration,
+}
+
+impl WallSplit {
+    fn of(timing: &Timing, commit: Duration) -> WallSplit {
+        let total = timing.start.elapsed();
+        // Unwraps and commits happen while the files run; the rest of
+        // that time is the files'.
+        let files = timing.files.saturating_sub(timing.unwrap + commit);
+        WallSplit {
+            total,
+            setup: timing.setup,
+            unwrap: timing.unwrap,
+            files,
+            commit,
+            other: total.saturating_sub(timing.setup + timing.files),
+        }
+    }
+
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3
+    }
+
+    fn line(&self) -> String {
+        let ms = Self::ms;
+        format!(
+            "tpmcrypt: wall {:.3} s = setup {:.1} + unwrap {:.1} + files {:.1} + commit {:.1} + other {:.1} ms",
+            self.total.as_secs_f64(),
+            ms(self.setup),
+            ms(self.unwrap),
+            ms(self.files),
+            ms(self.commit),
+            ms(self.other)
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let ms = Self::ms;
+        serde_json::json!({
+            "total": ms(self.total),
+            "setup": ms(self.setup),
+            "unwrap": ms(self.unwrap),
+            "files": ms(self.files),
+            "commit": ms(self.commit),
+            "other": ms(self.other),
+        })
+    }
+}
+
+/// The engine's line of `-v`: CPU time summed over threads.
+fn engine_line(e: &TimingsSnapshot) -> String {
+    let ms = WallSplit::ms;
+    format!(
+        "tpmcrypt: in the files: aes {:.2} ms cpu over {} thread(s) ({} segment(s)), read {:.2} ms, write {:.2} ms (summed over threads)",
+        ms(e.crypto),
+        e.peak_threads,
+        e.segments,
+        ms(e.read),
+        ms(e.write)
+    )
 }
 
 fn finish(
@@ -81,8 +161,9 @@ fn finish(
     timing: Timing,
     stats_json: Option<&std::path::Path>,
 ) -> anyhow::Result<i32> {
+    let wall = WallSplit::of(&timing, summary.durable_wait);
     if let Some(path) = stats_json {
-        write_stats(path, &summary, plan, verb, unwraps, &timing)?;
+        write_stats(path, &summary, plan, verb, unwraps, &timing, &wall)?;
     }
     if ui.verbose {
         let mut line = format!(
@@ -97,7 +178,7 @@ fn finish(
             line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
         eprintln!("{line}");
-        let secs = timing.start.elapsed().as_secs_f64();
+        let secs = wall.total.as_secs_f64();
         let mut split = format!(
             "tpmcrypt: {secs:.3} s ({:.0} files/s, {:.1} MB/s); committing (sync, rename, remove originals) {:.3} s",
             summary.ok as f64 / secs.max(1e-9),
@@ -108,6 +189,8 @@ fn finish(
             split.push_str(&format!("; TPM {:.1} ms", tpm.as_secs_f64() * 1e3));
         }
         eprintln!("{split}");
+        eprintln!("{}", wall.line());
+        eprintln!("{}", engine_line(&timing.engine));
     }
     Ok(summary.first_code.unwrap_or(crate::exit::OK))
 }
@@ -121,9 +204,11 @@ fn write_stats(
     verb: &str,
     unwraps: Option<(u64, u64)>,
     timing: &Timing,
+    wall: &WallSplit,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let secs = timing.start.elapsed().as_secs_f64();
+    let secs = wall.total.as_secs_f64();
+    let e = &timing.engine;
     let stats = serde_json::json!({
         "command": if verb == "encrypted" { "encrypt" } else { "decrypt" },
         "files_ok": summary.ok,
@@ -137,6 +222,12 @@ fn write_stats(
         "tpm_unbinds": unwraps.map(|u| u.1),
         "tpm_ms": timing.tpm.map(|t| t.as_secs_f64() * 1e3),
         "session": timing.session,
+        "aes_cpu_ms": WallSplit::ms(e.crypto),
+        "aes_threads": e.peak_threads,
+        "segments": e.segments,
+        "read_ms": WallSplit::ms(e.read),
+        "write_ms": WallSplit::ms(e.write),
+        "wall_ms": wall.json(),
     });
     let text = serde_json::to_string_pretty(&stats)? + "\n";
     let label = || files::shown(path);
@@ -190,9 +281,11 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     let opts = run_options(&args.files, ui, !args.allow_tty, Holds::Ciphertext);
     report_skipped(&plan, ui);
+    let setup = start.elapsed();
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         encryptor.encrypt_file(input, output, stream)
     });
+    let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
     if ui.verbose {
         eprintln!("tpmcrypt: encrypted in {}", source.describe());
@@ -205,8 +298,12 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         None,
         Timing {
             start,
+            setup,
+            files: files_wall,
+            unwrap: Duration::ZERO,
             tpm: None,
             session: Some(source.token()),
+            engine: opts.timings.snapshot(),
         },
         args.files.stats_json.as_deref(),
     )
@@ -237,9 +334,11 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     let opts = run_options(&args.files, ui, false, Holds::Plaintext);
     report_skipped(&plan, ui);
+    let setup = start.elapsed();
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_file(input, output, stream)
     });
+    let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
     finish(
         summary,
@@ -249,8 +348,12 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         Some((decryptor.unwrap_count(), access.unbind_count())),
         Timing {
             start,
+            setup,
+            files: files_wall,
+            unwrap: decryptor.unwrap_time(),
             tpm: Some(access.busy()),
             session: None,
+            engine: opts.timings.snapshot(),
         },
         args.files.stats_json.as_deref(),
     )

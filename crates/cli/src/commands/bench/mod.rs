@@ -7,13 +7,16 @@
 //!    and amortised over a session, and the crossover size;
 //! 4. a mode × key-size matrix at packet sizes (OpenSSL EVP);
 //! 5. a model (overhead + size / bandwidth) and projections onto TPM chips;
-//! 6. other tools on the same files, when installed.
+//! 6. other tools on the same files, when installed;
+//! 7. per file through the command line: `encrypt -r`/`decrypt -r` of
+//!    trees of small files, split into unwrap, AES, I/O and durability.
 //!
 //! Described in docs/bench.md; JSON schema in docs/bench.schema.json.
 
 mod bulk;
 mod matrix;
 mod peers;
+mod perfile;
 mod plot;
 mod report;
 mod stats;
@@ -100,6 +103,11 @@ pub struct BenchArgs {
     /// Skip the other tools (openssl enc, gpg, age, rage).
     #[arg(long)]
     pub no_peers: bool,
+
+    /// Skip the per-file series (encrypt -r / decrypt -r of trees of
+    /// 4 KiB, 64 KiB and 1 MiB files through the command line).
+    #[arg(long)]
+    pub no_per_file: bool,
 
     /// Internal: the software-AES child process.
     #[arg(long, hide = true, value_name = "JSON")]
@@ -261,6 +269,11 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             0
         } else {
             (peers::TOOLS.len() * peer_sizes.len()) as u64
+        }
+        + if args.no_per_file {
+            0
+        } else {
+            perfile::steps()
         };
     let bar = if !ui.quiet && std::io::stderr().is_terminal() {
         let b = ProgressBar::new(steps);
@@ -431,6 +444,21 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             ));
         }
     }
+    // 7. Per file, through the command line.
+    let per_file = if args.no_per_file {
+        perfile::PerFile {
+            available: false,
+            reason: Some("--no-per-file".into()),
+            commands: Vec::new(),
+            points: Vec::new(),
+        }
+    } else {
+        bar.set_message("per file");
+        perfile::run(&tmp.0, quick, &src, &mut tick)
+    };
+    if let (false, Some(r)) = (args.no_per_file, &per_file.reason) {
+        warnings.push(format!("per-file series not measured: {r}"));
+    }
     bar.finish_and_clear();
 
     // 3 + 5. Unbind sources, split, crossovers, projections.
@@ -496,6 +524,7 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         crossover: Vec::new(),
         matrix,
         peers: peer_results,
+        per_file,
         warnings,
     };
     results.derive();

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::bulk::{Series, HARDWARE, SOFTWARE};
 use super::matrix::Row;
 use super::peers::Peer;
+use super::perfile::PerFile;
 use super::stats::Fit;
 use super::sysinfo::System;
 use super::tpm::TpmResult;
@@ -49,6 +50,8 @@ pub struct Results {
     pub matrix: Matrix,
     /// Other tools on the same files.
     pub peers: Vec<Peer>,
+    /// Trees of small files through the command line, split per file.
+    pub per_file: PerFile,
     /// Anything the reader must know (noise, missing parts, projections).
     pub warnings: Vec<String>,
 }
@@ -745,6 +748,8 @@ impl Results {
             let _ = writeln!(o, "  [{}]", p.version.as_deref().unwrap_or("?"));
         }
 
+        self.per_file_table(&mut o);
+
         if !self.warnings.is_empty() {
             let _ = writeln!(o, "\n== Notes ==");
             for w in &self.warnings {
@@ -838,6 +843,7 @@ impl Results {
                 );
             }
         }
+        self.per_file_csv(&mut o);
         for p in &self.peers {
             for pt in &p.points {
                 let _ = writeln!(
@@ -855,6 +861,83 @@ impl Results {
             }
         }
         o
+    }
+}
+
+impl Results {
+    /// The per-file table: one line per direction, durability and size.
+    fn per_file_table(&self, o: &mut String) {
+        let pf = &self.per_file;
+        if !pf.available {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "\n== Per file, through the command line (encrypt -r / decrypt -r of a tree; ms per file) =="
+        );
+        let _ = writeln!(
+            o,
+            "  {:<8} {:<8} {:>7} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "",
+            "",
+            "size",
+            "files",
+            "files/s",
+            "total",
+            "unwrap",
+            "aes cpu",
+            "i/o",
+            "commit",
+            "other"
+        );
+        for p in &pf.points {
+            let _ = writeln!(
+                o,
+                "  {:<8} {:<8} {:>7} {:>6} {:>9.0} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+                p.direction,
+                p.sync,
+                human_size(p.size),
+                p.files,
+                p.files_per_s,
+                p.total_ms,
+                p.unwrap_ms,
+                p.aes_cpu_ms,
+                p.io_ms,
+                p.commit_ms,
+                p.other_ms
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  (aes cpu and i/o are CPU time summed over threads; unwrap: the recovery key's, once per run; other: the rest of the wall time)"
+        );
+    }
+
+    /// The per-file series in the CSV: one line per part of each point
+    /// (`median_ms` is ms per file; `files_per_session` the tree's files).
+    fn per_file_csv(&self, o: &mut String) {
+        for p in &self.per_file.points {
+            let parts = [
+                ("total", p.total_ms),
+                ("unwrap", p.unwrap_ms),
+                ("aes_cpu", p.aes_cpu_ms),
+                ("io", p.io_ms),
+                ("commit", p.commit_ms),
+                ("other", p.other_ms),
+            ];
+            for (item, v) in parts {
+                let mb_s = if item == "total" {
+                    format!("{}", p.files_per_s * p.size as f64 / 1e6)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    o,
+                    "perfile,{item},,,{},256,{},{},{},{v},,,{},false,{mb_s},,,,,false",
+                    p.sync, p.direction, p.size, p.files, p.runs
+                );
+            }
+        }
     }
 }
 
