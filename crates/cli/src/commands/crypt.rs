@@ -9,6 +9,7 @@ use tpmcrypt_cipher::{backend, Decryptor, Mode, Params};
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
 use crate::keys;
+use crate::statsfile;
 use crate::tpm::{Target, TpmAccess};
 use crate::Ui;
 
@@ -18,12 +19,13 @@ fn run_options(
     refuse_tty_output: bool,
     output_kind: Holds,
 ) -> RunOptions {
+    let jobs = files.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     RunOptions {
-        jobs: files.jobs.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        }),
+        jobs,
         // Below a few segments the threads cost more than they save.
         parallel_threshold: 4 << 20,
         force: files.force,
@@ -32,7 +34,7 @@ fn run_options(
         progress: !ui.quiet,
         refuse_tty_output,
         output_kind,
-        batch: crate::batch::Limits::default(),
+        batch: crate::batch::Limits::for_run(jobs),
     }
 }
 
@@ -47,6 +49,13 @@ fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn back
 /// always, one error line for each file or directory the walk found
 /// failing by itself (counted as a failure of the run).
 fn report_skipped(plan: &files::Plan, ui: &Ui) {
+    for (first, again) in &plan.same {
+        eprintln!(
+            "tpmcrypt: {} and {} are the same file: done once",
+            files::shown(first),
+            files::shown(again)
+        );
+    }
     if ui.verbose {
         for s in &plan.skipped {
             eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
@@ -84,10 +93,10 @@ fn finish(
     verb: &str,
     unwraps: Option<(u64, u64)>,
     timing: Timing,
-    stats_json: Option<&std::path::Path>,
+    stats_json: Option<&statsfile::Target>,
 ) -> anyhow::Result<i32> {
-    if let Some(path) = stats_json {
-        write_stats(path, &summary, plan, verb, unwraps, &timing)?;
+    if let Some(target) = stats_json {
+        write_stats(target, &summary, plan, verb, unwraps, &timing)?;
     }
     if ui.verbose {
         let mut line = format!(
@@ -120,14 +129,13 @@ fn finish(
 /// `--stats-json FILE`: the figures of `-v` as JSON (documented in
 /// docs/bench.md), written whole or not at all.
 fn write_stats(
-    path: &std::path::Path,
+    target: &statsfile::Target,
     summary: &Summary,
     plan: &files::Plan,
     verb: &str,
     unwraps: Option<(u64, u64)>,
     timing: &Timing,
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let secs = timing.start.elapsed().as_secs_f64();
     let stats = serde_json::json!({
         "command": if verb == "encrypted" { "encrypt" } else { "decrypt" },
@@ -144,10 +152,16 @@ fn write_stats(
         "session": timing.session,
     });
     let text = serde_json::to_string_pretty(&stats)? + "\n";
-    let label = || files::shown(path);
-    let mut out = crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;
-    std::io::Write::write_all(out.file(), text.as_bytes()).with_context(label)?;
-    out.commit().with_context(label)
+    statsfile::write(target, &text)
+}
+
+/// Checks `--stats-json`, if given, against the plan: before any work.
+fn stats_target(files: &FileArgs, plan: &files::Plan) -> anyhow::Result<Option<statsfile::Target>> {
+    files
+        .stats_json
+        .as_deref()
+        .map(|p| statsfile::check(p, plan, files))
+        .transpose()
 }
 
 /// Runs `encrypt`.
@@ -178,6 +192,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         recipients.extend(keys::key_recipients(ui, name)?);
     }
     let plan = files::plan(&args.files, Naming::Encrypt)?;
+    let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
     if let Some(b) = chosen_backend(args.files.backend)? {
@@ -213,7 +228,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             tpm: None,
             session: Some(source.token()),
         },
-        args.files.stats_json.as_deref(),
+        stats.as_ref(),
     )
 }
 
@@ -233,6 +248,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         ));
     }
     let plan = files::plan(&args.files, Naming::Decrypt)?;
+    let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(agent) = crate::commands::agent::AgentCache::connect() {
         decryptor = decryptor.with_session_cache(Box::new(agent));
@@ -257,6 +273,6 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             tpm: Some(access.busy()),
             session: None,
         },
-        args.files.stats_json.as_deref(),
+        stats.as_ref(),
     )
 }
