@@ -1211,6 +1211,85 @@ fn a_new_version_renamed_over_an_original_being_removed_is_kept() {
     assert_eq!(r.stdout, b"original");
 }
 
+/// kill -9 while an `--in-place` original is moved aside for its removal,
+/// with bytes appended to it meanwhile (through a descriptor opened
+/// before): the moved-aside original is never taken for a temporary and
+/// deleted; the next run puts it back under its name (beside its
+/// ciphertext, as a crash before the removal would leave it), or, when the
+/// name is taken, leaves it and says where it is. strace holds the run
+/// just after its second rename (the first puts the output in place, the
+/// second moves the original aside).
+#[test]
+fn an_original_moved_aside_by_a_killed_run_is_never_deleted() {
+    use std::io::Write as _;
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    for taken in [false, true] {
+        let t = d.join("t");
+        let _ = fs::remove_dir_all(&t);
+        fs::create_dir(&t).unwrap();
+        fs::write(t.join("log"), b"line1\n").unwrap();
+        let mut writer = fs::OpenOptions::new()
+            .append(true)
+            .open(t.join("log"))
+            .unwrap();
+        let child = common::wrapper(d, "strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=renameat2"])
+            .args(["-e", "inject=renameat2:delay_exit=3000000:when=2"])
+            .arg(common::bin())
+            .args(["encrypt", "-R", &rec, "--in-place", "t/log"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strace");
+        let aside = || {
+            common::listing(&t)
+                .into_iter()
+                .find(|n| n.starts_with(".log.tpmcrypt-"))
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while aside().is_none() {
+            assert!(std::time::Instant::now() < until, "never moved aside");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        writer.write_all(b"line2\n").unwrap();
+        let pid = common::child_pids_of(child.id())
+            .into_iter()
+            .next()
+            .expect("tpmcrypt under strace");
+        // SAFETY: kill on the PID of our own child's child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let _ = child.wait_with_output();
+        let kept = aside().expect("moved aside");
+        if taken {
+            fs::write(t.join("log"), b"a new log").unwrap();
+        }
+        // The next run, with other work in that directory: a walk of it,
+        // or (the name taken: a walk would meet the new log) a named file.
+        fs::write(t.join("other"), b"other").unwrap();
+        let next: &[&str] = if taken { &["t/other"] } else { &["-r", "t"] };
+        let mut args = vec!["encrypt", "-R", &rec, "--in-place"];
+        args.extend(next);
+        let r = common::run(d, &args);
+        assert_ok(&r, "the next run");
+        assert!(t.join("other.tpmc").exists(), "the next run's work");
+        if taken {
+            assert_eq!(fs::read(t.join(&kept)).unwrap(), b"line1\nline2\n");
+            assert!(
+                r.stderr.contains(&format!("t/{kept}")) && r.stderr.contains("t/log"),
+                "both paths named: {}",
+                r.stderr
+            );
+        } else {
+            assert_eq!(fs::read(t.join("log")).unwrap(), b"line1\nline2\n");
+            assert_eq!(common::listing(&t), ["log", "log.tpmc", "other.tpmc"]);
+        }
+        let r = common::run(d, &["decrypt", "-i", "rec.key", "-o", "-", "t/log.tpmc"]);
+        assert_ok(&r, "decrypt");
+        assert_eq!(r.stdout, b"line1\n");
+    }
+}
+
 #[test]
 fn output_that_cannot_be_written_is_an_error() {
     let dir = scratch();

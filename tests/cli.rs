@@ -415,6 +415,104 @@ fn many_files_are_made_durable_by_batch_not_one_by_one() {
     }
 }
 
+/// A FUSE file system (here bindfs; sshfs, ntfs-3g, gocryptfs alike) does
+/// not pass `syncfs` on to its server, so a batch there is made durable by
+/// an fsync of each output (and of each directory), never by `syncfs`.
+/// Needs root to mount, as CI runs the tests.
+#[test]
+fn outputs_on_fuse_are_each_fsynced() {
+    // SAFETY: geteuid cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mounting bindfs needs root (CI runs as root)"
+    );
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir_all(d.join("under/tree")).unwrap();
+    fs::create_dir(d.join("mnt")).unwrap();
+    const N: usize = 20;
+    for i in 0..N {
+        fs::write(d.join(format!("under/tree/f{i:02}")), bytes(2000, i as u64)).unwrap();
+    }
+    let status = Command::new("bindfs")
+        .arg(d.join("under"))
+        .arg(d.join("mnt"))
+        .status()
+        .expect("bindfs (installed by scripts/setup-deps)");
+    assert!(status.success(), "bindfs: {status}");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _mounted = Unmount(d.join("mnt"));
+    let log = d.join("strace.log");
+    let status = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-y", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=fsync,fdatasync,syncfs"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &r, "-r", "--in-place", "mnt/tree"])
+        .status()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(status.success(), "encrypt under strace: {status}");
+    let calls = fs::read_to_string(&log).unwrap();
+    assert!(!calls.contains("syncfs("), "syncfs on FUSE: {calls}");
+    for i in 0..N {
+        let tmp = format!(".f{i:02}.tpmc{PARTIAL_MARKER}");
+        assert!(
+            calls
+                .lines()
+                .any(|l| l.contains("fsync(") && l.contains(&tmp)),
+            "f{i:02}.tpmc not fsynced: {calls}"
+        );
+    }
+    assert!(
+        calls
+            .lines()
+            .any(|l| l.contains("fsync(") && l.ends_with("/mnt/tree>) = 0")),
+        "its directory not fsynced: {calls}"
+    );
+    assert_eq!(listing(&d.join("under/tree")).len(), N);
+    assert!(listing(&d.join("under/tree"))
+        .iter()
+        .all(|n| n.ends_with(".tpmc")));
+}
+
+/// A run over more files than the open-file limit allows at once (a soft
+/// and hard limit of 64, 8 workers, 600 files) waits for descriptors
+/// rather than failing files with "Too many open files".
+#[test]
+fn a_low_open_file_limit_fails_no_file() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    const N: usize = 600;
+    fs::create_dir(d.join("t")).unwrap();
+    for i in 0..N {
+        fs::write(d.join(format!("t/f{i:03}")), bytes(100, i as u64)).unwrap();
+    }
+    for args in [
+        vec!["encrypt", "-R", &r, "-j", "8", "-r", "--in-place", "t"],
+        vec!["decrypt", "-i", "id", "-j", "8", "-r", "--in-place", "t"],
+        vec!["encrypt", "-R", &r, "-j", "8", "-r", "t"],
+    ] {
+        let out = common::wrapper(d, "prlimit")
+            .arg("--nofile=64:64")
+            .arg(common::bin())
+            .args(&args)
+            .output()
+            .expect("prlimit");
+        let res: Run = out.into();
+        assert_ok(&res, &format!("{args:?}"));
+        assert!(res.stderr.is_empty(), "{args:?}: {}", res.stderr);
+    }
+    let names = listing(&d.join("t"));
+    assert_eq!(names.len(), 2 * N);
+    assert_eq!(fs::read(d.join("t/f599")).unwrap(), bytes(100, 599));
+}
+
 /// By default an output is fsynced before and its directory after the
 /// rename; `--no-sync` renames without waiting for the disk, like cp, and
 /// is refused with `--in-place`, which removes originals.
@@ -2552,4 +2650,174 @@ fn assert_split_is_consistent(v: &serde_json::Value) {
     assert!(threads >= 1.0, "{v}");
     assert!(num("aes_cpu_ms") <= threads * wall("files") + 1.0, "{v}");
     assert!(num("segments") >= v["files_ok"].as_f64().unwrap(), "{v}");
+}
+
+/// `--stats-json` never takes the place of a run's data: a path that is an
+/// input, an output, or inside a tree walked with `-r` is a usage error
+/// before any work (the data untouched); a path that exists and is not a
+/// regular file this user owns (a device, a FIFO, a symlink, another
+/// user's file) is refused, never renamed over. `-`, `/dev/stdout` and
+/// `/dev/stderr` are written to, unless standard output carries the data.
+#[test]
+fn stats_json_never_replaces_data_or_a_special_file() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let refused = |res: &Run, what: &str| {
+        common::assert_error_line(res, USAGE, None, &["--stats-json"], what);
+    };
+    fs::write(d.join("x"), b"precious").unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "x"]), "encrypt x");
+    fs::remove_file(d.join("x")).unwrap();
+    let ct = fs::read(d.join("x.tpmc")).unwrap();
+    // The only ciphertext, as the input.
+    let res = run(
+        d,
+        &["decrypt", "-i", "id", "x.tpmc", "--stats-json", "x.tpmc"],
+    );
+    refused(&res, "the input");
+    assert!(fs::read(d.join("x.tpmc")).unwrap() == ct, "the input lost");
+    assert!(!d.join("x").exists(), "work was done");
+    // An output: of -o, of the naming rule, in a walked tree.
+    fs::create_dir(d.join("t")).unwrap();
+    fs::write(d.join("t/y"), b"precious2").unwrap();
+    let res = run(
+        d,
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "-o",
+            "o.tpmc",
+            "t/y",
+            "--stats-json",
+            "o.tpmc",
+        ],
+    );
+    refused(&res, "the -o output");
+    assert!(!d.join("o.tpmc").exists());
+    for stats in [
+        "t/y.tpmc",
+        "./t/y.tpmc",
+        "t/stats.json",
+        "t/sub/../stats.json",
+    ] {
+        fs::create_dir_all(d.join("t/sub")).unwrap();
+        let res = run(
+            d,
+            &[
+                "encrypt",
+                "-R",
+                &r,
+                "-r",
+                "--in-place",
+                "t",
+                "--stats-json",
+                stats,
+            ],
+        );
+        refused(&res, stats);
+        assert_eq!(fs::read(d.join("t/y")).unwrap(), b"precious2", "{stats}");
+        assert_eq!(listing(&d.join("t")), ["sub", "y"], "{stats}");
+    }
+    // Not a regular file of this user's: a device, a FIFO, a symlink.
+    fs::create_dir(d.join("devx")).unwrap();
+    let c = |p: &str| std::ffi::CString::new(d.join(p).to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated paths.
+    unsafe {
+        assert_eq!(
+            libc::mknod(
+                c("devx/null").as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(1, 3)
+            ),
+            0,
+            "mknod (needs root, as CI runs the tests)"
+        );
+        assert_eq!(libc::mkfifo(c("devx/fifo").as_ptr(), 0o600), 0);
+    }
+    symlink("elsewhere.json", d.join("devx/link")).unwrap();
+    fs::write(d.join("p"), b"plain").unwrap();
+    for (stats, what) in [
+        ("devx/null", "a device"),
+        ("devx/fifo", "a FIFO"),
+        ("devx/link", "a symlink"),
+    ] {
+        let res = run(
+            d,
+            &["encrypt", "-R", &r, "-o", "-", "p", "--stats-json", stats],
+        );
+        refused(&res, what);
+    }
+    let ft = |p: &str| fs::symlink_metadata(d.join(p)).unwrap().file_type();
+    assert!(ft("devx/null").is_char_device(), "the device was replaced");
+    assert!(ft("devx/fifo").is_fifo(), "the FIFO was replaced");
+    assert!(ft("devx/link").is_symlink(), "the symlink was replaced");
+    // Standard output: when it is not the data's.
+    let res = run(
+        d,
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "-o",
+            "p.tpmc",
+            "p",
+            "--stats-json",
+            "-",
+        ],
+    );
+    assert_ok(&res, "--stats-json -");
+    let v: Value = serde_json::from_slice(&res.stdout).expect("JSON on stdout");
+    assert_eq!(v["files_ok"], 1);
+    assert!(!d.join("-").exists(), "a file named -");
+    for stats in ["-", "/dev/stdout"] {
+        let res = run(
+            d,
+            &["encrypt", "-R", &r, "-o", "-", "p", "--stats-json", stats],
+        );
+        refused(&res, &format!("{stats} with the data on stdout"));
+        assert!(res.stdout.is_empty(), "{stats}: work was done");
+    }
+    let res = run(
+        d,
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "-f",
+            "p",
+            "--stats-json",
+            "/dev/stderr",
+        ],
+    );
+    assert_ok(&res, "--stats-json /dev/stderr");
+    let v: Value = serde_json::from_str(&res.stderr).expect("JSON on stderr");
+    assert_eq!(v["command"], "encrypt");
+    // An existing regular file of this user's that is no input or output
+    // is replaced; another user's is not.
+    fs::write(d.join("stats.json"), b"old").unwrap();
+    let res = run(
+        d,
+        &["encrypt", "-R", &r, "-f", "p", "--stats-json", "stats.json"],
+    );
+    assert_ok(&res, "replacing stats.json");
+    let v: Value = serde_json::from_slice(&fs::read(d.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(v["files_ok"], 1);
+    fs::write(d.join("theirs.json"), b"theirs").unwrap();
+    std::os::unix::fs::lchown(d.join("theirs.json"), Some(65534), Some(65534)).unwrap();
+    let res = run(
+        d,
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "-f",
+            "p",
+            "--stats-json",
+            "theirs.json",
+        ],
+    );
+    refused(&res, "another user's file");
+    assert_eq!(fs::read(d.join("theirs.json")).unwrap(), b"theirs");
 }

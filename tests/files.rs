@@ -497,3 +497,56 @@ fn a_fifo_output_whose_reader_goes_away_is_an_error() {
     assert_error_line(&res, 1, Some("fifo"), &["broken pipe"], "fifo reader gone");
     assert!(!res.stderr.contains("standard output"), "{}", res.stderr);
 }
+
+// ------------------------------------------------ the same file named twice
+
+/// One file named twice (`a a ./a`, or named and found by `-r`) is one
+/// input: done once, with one line per repetition on stderr, exit 0. Two
+/// hard links are two names (two outputs); `--in-place` refuses them as
+/// before.
+#[test]
+fn the_same_file_named_twice_is_done_once() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    for force in [true, false] {
+        fs::write(d.join("a"), b"alpha").unwrap();
+        let mut args = vec!["encrypt", "-R", &r, "--in-place"];
+        if force {
+            args.push("-f");
+        }
+        args.extend(["a", "a", "./a"]);
+        let res = run(d, &args);
+        assert_ok(&res, &format!("{args:?}"));
+        assert_eq!(
+            res.stderr.lines().collect::<Vec<_>>(),
+            [
+                "tpmcrypt: a and a are the same file: done once",
+                "tpmcrypt: a and ./a are the same file: done once"
+            ],
+            "{args:?}"
+        );
+        assert_eq!(common::listing(d), ["a.tpmc", "id"], "{args:?}");
+        let res = run(
+            d,
+            &["decrypt", "-i", "id", "--in-place", "a.tpmc", "./a.tpmc"],
+        );
+        assert_ok(&res, "decrypt");
+        assert_eq!(fs::read(d.join("a")).unwrap(), b"alpha");
+    }
+    // Named and found by -r.
+    fs::create_dir(d.join("t")).unwrap();
+    fs::write(d.join("t/b"), b"beta").unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "--in-place", "-r", "t", "t/b"]);
+    assert_ok(&res, "-r t t/b");
+    assert_eq!(
+        res.stderr.trim(),
+        "tpmcrypt: t/b and t/b are the same file: done once"
+    );
+    assert_eq!(common::listing(&d.join("t")), ["b.tpmc"]);
+    // Hard links: two names, two outputs.
+    fs::hard_link(d.join("a"), d.join("h")).unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "a", "h"]);
+    assert_ok(&res, "hard links");
+    assert!(res.stderr.is_empty(), "{}", res.stderr);
+    assert!(d.join("a.tpmc").exists() && d.join("h.tpmc").exists());
+}

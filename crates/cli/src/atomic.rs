@@ -328,20 +328,9 @@ fn cstring(path: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
 }
 
-/// rename(2) that fails if the destination exists, so two concurrent runs
-/// never both end up "writing" one output.
-/// A fresh name of the exact temporary form for `path`, in its directory
-/// (what a crashed run leaves under it is cleaned up by the next run).
-pub fn temporary_name_for(path: &Path) -> io::Result<PathBuf> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    let mut tmp = partial_prefix(name);
-    tmp.push(format!("{}.{:016x}", std::process::id(), random_u64()));
-    Ok(parent_dir(path).join(tmp))
-}
-
-/// Renames `from` to `to` unless `to` exists.
+/// Renames `from` to `to` unless `to` exists: rename(2) that fails if the
+/// destination exists, so two concurrent runs never both end up "writing"
+/// one output.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (cfrom, cto) = (cstring(from)?, cstring(to)?);
     // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them as
@@ -400,7 +389,9 @@ fn getrandom(buf: &mut [u8]) -> io::Result<()> {
 /// run over 2,000 files in one directory lists it once, not once per
 /// output (which cost O(n²)). Returns how many were removed.
 /// Only names of the exact form tpmcrypt gives its temporaries
-/// (`.NAME.tpmcrypt-partial.PID.` and 16 hex digits) of dead processes go.
+/// (`.NAME.tpmcrypt-partial.PID.` and 16 hex digits) of dead processes go;
+/// originals moved aside by dead processes are put back
+/// ([`restore_moved_aside`]), never removed.
 pub fn clean_stale_partials_once(dest: &Path) -> usize {
     use std::collections::HashSet;
     use std::sync::OnceLock;
@@ -422,6 +413,8 @@ pub fn clean_stale_partials_once(dest: &Path) -> usize {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = stale_temporary_pid(name.as_bytes()) else {
+            // An original moved aside is never removed: put back, or kept.
+            restore_moved_aside(&entry.path());
             continue;
         };
         if !pid_alive(pid) && fs::remove_file(entry.path()).is_ok() {
@@ -455,6 +448,111 @@ pub fn parse_marked<'a>(name: &'a [u8], marker: &str) -> Option<(&'a [u8], i32)>
         && hex.iter().all(u8::is_ascii_hexdigit);
     let pid = std::str::from_utf8(pid).ok()?.parse().ok()?;
     ok.then_some((&name[1..at], pid))
+}
+
+/// Marker in the name a source (watch) or an `--in-place` original
+/// (encrypt, decrypt) is moved to just before its removal:
+/// `.NAME.tpmcrypt-removing.PID.RANDOM` (RANDOM: 16 hex digits; NAME is
+/// left out when the whole would exceed 255 bytes).
+pub const ASIDE_MARKER: &str = ".tpmcrypt-removing.";
+/// Marker in the name a moved-aside source is kept under when it turned
+/// out to be changed and its own name was taken meanwhile:
+/// `.NAME.tpmcrypt-restored.PID.RANDOM`. It is encrypted like any file.
+pub const RESTORED_MARKER: &str = ".tpmcrypt-restored.";
+
+/// `.NAME` + `marker` + this process's PID + `.` + 16 random hex digits
+/// (NAME left out if the name would be too long).
+pub fn aside_name(name: &OsStr, marker: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let suffix = format!("{marker}{}.{:016x}", std::process::id(), random_u64());
+    let mut out = vec![b'.'];
+    if 1 + name.len() + suffix.len() <= 255 {
+        out.extend_from_slice(name.as_bytes());
+    }
+    out.extend_from_slice(suffix.as_bytes());
+    std::ffi::OsString::from_vec(out)
+}
+
+/// If `name` is exactly a moved-aside name (`.NAME.tpmcrypt-removing.PID.
+/// RANDOM`): its PID and, if it was kept in it, NAME.
+pub fn parse_aside(name: &OsStr) -> Option<(i32, Option<&OsStr>)> {
+    let (original, pid) = parse_marked(name.as_bytes(), ASIDE_MARKER)?;
+    let original = (!original.is_empty() && original != b"." && original != b"..")
+        .then(|| OsStr::from_bytes(original));
+    Some((pid, original))
+}
+
+/// What became of a moved-aside original found by [`restore_moved_aside`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// Not a moved-aside name, or its process still runs: left alone.
+    NotOurs,
+    /// Renamed back to its name.
+    Back(PathBuf),
+    /// Left where it is (its name is taken or unknown); a warning said so.
+    Left,
+}
+
+/// An original that an `--in-place` run (or the watch daemon) moved
+/// aside for its removal, and that is still there because that process
+/// was killed in the moment between the move and the unlink. It may hold
+/// bytes appended meanwhile, so it is never deleted: it is renamed back
+/// to its name, never replacing anything (as if the crash had come before
+/// the removal: the original beside its ciphertext), or, when that name
+/// is taken or unknown, left as it is, with a warning naming both paths.
+/// Each path is handled once per process.
+pub fn restore_moved_aside(path: &Path) -> Restored {
+    use std::collections::HashSet;
+    static HANDLED: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+    let Some((pid, original)) = path.file_name().and_then(parse_aside) else {
+        return Restored::NotOurs;
+    };
+    if pid_alive(pid) {
+        return Restored::NotOurs;
+    }
+    {
+        let mut handled = HANDLED.lock().unwrap_or_else(|e| e.into_inner());
+        if !handled
+            .get_or_insert_with(HashSet::new)
+            .insert(path.to_path_buf())
+        {
+            return Restored::Left;
+        }
+    }
+    let what = "an original that an interrupted run was removing";
+    let Some(original) = original else {
+        eprintln!(
+            "tpmcrypt: warning: {}: {what}; its name is not known: left as it is",
+            shown(path)
+        );
+        return Restored::Left;
+    };
+    let back = parent_dir(path).join(original);
+    match rename_noreplace(path, &back) {
+        Ok(()) => {
+            // Best effort: not durable yet, it is still under one name or
+            // the other.
+            let _ = sync_dir(parent_dir(path));
+            eprintln!(
+                "tpmcrypt: {}: {what}: put back as {}",
+                shown(path),
+                shown(&back)
+            );
+            Restored::Back(back)
+        }
+        Err(e) => {
+            let why = if e.kind() == io::ErrorKind::AlreadyExists {
+                format!("{} exists", shown(&back))
+            } else {
+                format!("cannot rename it back to {}: {e}", shown(&back))
+            };
+            eprintln!(
+                "tpmcrypt: warning: {}: {what}; {why}: left as it is (compare the two, keep what you need)",
+                shown(path)
+            );
+            Restored::Left
+        }
+    }
 }
 
 /// Whether process `pid` exists.

@@ -3,7 +3,10 @@
 //! names; then
 //! 1. their data is made durable together: one `syncfs` per file system
 //!    (a batch of one file is `fsync`ed instead, so one large file does not
-//!    wait for everything else on its file system);
+//!    wait for everything else on its file system). Only file systems known
+//!    to write back on `syncfs` get one (ext2/3/4, xfs, btrfs, f2fs, zfs,
+//!    tmpfs, ramfs, overlayfs): on FUSE (sshfs, ntfs-3g, gocryptfs, …), a
+//!    network file system or one unknown, each output is `fsync`ed;
 //! 2. each is renamed to its final name (never over a file that appeared
 //!    meanwhile, unless `--force`);
 //! 3. the directories that received one are made durable, once;
@@ -41,14 +44,38 @@ pub struct Limits {
     pub bytes: u64,
     /// Time since the batch's first output.
     pub age: Duration,
+    /// Tasks a parallel run may have under way or done and waiting for
+    /// an earlier one (each holds open files, as a batch's outputs do).
+    pub window: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
+        Limits::for_run(Some(1))
+    }
+}
+
+impl Limits {
+    /// The bounds for a run on `jobs` workers: the open-file limit (raised
+    /// first to its hard maximum) is shared out so that every file the
+    /// pipeline may hold at once fits in it. A task holds at most two
+    /// (its output, and its input until an `--in-place` original is
+    /// removed) from its start to its batch's commit, and the tasks under
+    /// way or waiting number at most `window`, those waiting in a batch at
+    /// most `files`; a reserve covers standard streams, the TPM or agent,
+    /// keys, and a directory listing per worker.
+    pub fn for_run(jobs: Option<usize>) -> Self {
+        // Workers not given (-j): one per CPU, which is not asked of the
+        // system for a run that may need one thread; a generous guess
+        // keeps their descriptors in reserve all the same.
+        let reserve = 32 + jobs.unwrap_or(64) as u64;
+        let slots = (open_file_limit().saturating_sub(reserve) / 2).max(2) as usize;
+        let files = (slots / 2).clamp(1, 4096);
         Limits {
-            files: max_open_outputs(),
+            files,
             bytes: 256 << 20,
             age: Duration::from_secs(1),
+            window: (slots - files).clamp(1, 256),
         }
     }
 }
@@ -103,7 +130,7 @@ pub struct Batch<T> {
     since: Option<Instant>,
 }
 
-impl<T> Batch<T> {
+impl<T: Send> Batch<T> {
     /// An empty batch.
     pub fn new(limits: Limits) -> Self {
         Batch {
@@ -139,7 +166,7 @@ impl<T> Batch<T> {
     }
 }
 
-fn commit<T>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)> {
+fn commit<T: Send>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)> {
     let synced = make_durable(pending);
     // Step 2: renames; step 3: each directory that received an output.
     let mut renamed = Vec::with_capacity(synced.len());
@@ -193,50 +220,127 @@ fn commit<T>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)> {
 
 type Synced<T> = Vec<(Pending<T>, Result<(), CommitError>)>;
 
-/// Step 1. One `syncfs` per file system; a batch of one is `fsync`ed. When
-/// a `syncfs` reports a write-back error, each file of that file system is
-/// `fsync`ed to learn whose it is (the others then pass at no cost).
-fn make_durable<T>(mut pending: Vec<Pending<T>>) -> Synced<T> {
+/// Whether `syncfs` on `fd`'s file system makes its data durable: only on
+/// file systems known to write back on `syncfs` (by `statfs` type). FUSE
+/// (sshfs, ntfs-3g, gocryptfs, bindfs) does not pass it to its server,
+/// nor does a network file system reliably; those, and every unknown
+/// type, get an `fsync` per file.
+fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    const KNOWN: [u64; 8] = [
+        0xEF53,      // ext2, ext3, ext4
+        0x5846_5342, // xfs
+        0x9123_683E, // btrfs
+        0xF2F5_2010, // f2fs
+        0x2FC1_2FC1, // zfs
+        0x0102_1994, // tmpfs (nothing to write back)
+        0x8584_58F6, // ramfs (nothing to write back)
+        0x794C_7630, // overlayfs: syncs its upper file system
+    ];
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs on a valid descriptor into a buffer of its type.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: initialised by the successful fstatfs.
+    let kind = unsafe { st.assume_init() }.f_type as u64 & 0xFFFF_FFFF;
+    KNOWN.contains(&kind)
+}
+
+/// `fsync`s each file of `files` (several at once: a network or FUSE
+/// server answers them in parallel), each result in its place.
+fn fsync_each<T: Send>(
+    files: Vec<T>,
+    sync: impl Fn(&mut T) -> io::Result<()> + Sync,
+) -> Vec<(T, io::Result<()>)> {
+    const THREADS: usize = 8;
+    if files.len() <= 1 {
+        return files
+            .into_iter()
+            .map(|mut f| {
+                let r = sync(&mut f);
+                (f, r)
+            })
+            .collect();
+    }
+    let per = files.len().div_ceil(THREADS);
+    let mut chunks: Vec<Vec<T>> = Vec::new();
+    let mut it = files.into_iter().peekable();
+    while it.peek().is_some() {
+        chunks.push(it.by_ref().take(per).collect());
+    }
+    let sync = &sync;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .into_iter()
+                        .map(|mut f| {
+                            let r = sync(&mut f);
+                            (f, r)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+/// Step 1. One `syncfs` per file system that honours it; a batch of one,
+/// and every output on another file system (FUSE, NFS, …), is `fsync`ed.
+/// When a `syncfs` reports a write-back error, each file of that file
+/// system is `fsync`ed to learn whose it is (the others then pass at no
+/// cost).
+fn make_durable<T: Send>(mut pending: Vec<Pending<T>>) -> Synced<T> {
     if pending.len() == 1 {
         let mut p = pending.remove(0);
         let r = p.out.sync().map_err(CommitError::Sync);
         return vec![(p, r)];
     }
     let devs: Vec<u64> = pending.iter().map(|p| p.out.file_dev()).collect();
-    let mut devices: Vec<(u64, Result<(), io::Error>)> = Vec::new();
+    // Per device: whether its syncfs made everything durable.
+    let mut devices: Vec<(u64, bool)> = Vec::new();
     for (p, &dev) in pending.iter().zip(&devs) {
         if devices.iter().any(|(d, _)| *d == dev) {
             continue;
         }
-        // SAFETY: syncfs on a valid open descriptor.
-        let rc = unsafe { libc::syncfs(p.out.fd().as_raw_fd()) };
-        let r = if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+        let ok = syncfs_is_durable(p.out.fd()) && {
+            // SAFETY: syncfs on a valid open descriptor.
+            unsafe { libc::syncfs(p.out.fd().as_raw_fd()) == 0 }
         };
-        devices.push((dev, r));
+        devices.push((dev, ok));
     }
-    pending
-        .into_iter()
-        .zip(devs)
-        .map(|(mut p, dev)| {
-            let fs_ok = devices.iter().any(|(d, r)| *d == dev && r.is_ok());
-            let r = if fs_ok {
-                p.out.mark_synced();
-                Ok(())
-            } else {
-                p.out.sync().map_err(CommitError::Sync)
-            };
-            (p, r)
-        })
-        .collect()
+    let mut done = Vec::with_capacity(pending.len());
+    let mut rest = Vec::new();
+    for (i, (mut p, dev)) in pending.into_iter().zip(devs).enumerate() {
+        if devices.iter().any(|(d, ok)| *d == dev && *ok) {
+            p.out.mark_synced();
+            done.push((i, p, Ok(())));
+        } else {
+            rest.push((i, p));
+        }
+    }
+    let synced = fsync_each(rest, |(_, p): &mut (usize, Pending<T>)| p.out.sync());
+    done.extend(
+        synced
+            .into_iter()
+            .map(|((i, p), r)| (i, p, r.map_err(CommitError::Sync))),
+    );
+    // In the order they were pushed.
+    done.sort_by_key(|(i, _, _)| *i);
+    done.into_iter().map(|(_, p, r)| (p, r)).collect()
 }
 
 /// Makes the entries of `dirs` durable: one directory is fsynced; several
-/// are made durable with one `syncfs` per file system (each directory
-/// fsync is a journal commit of its own, and a tree of many directories
-/// would pay one per directory and batch). Returns those that failed.
+/// are made durable with one `syncfs` per file system that honours it
+/// (each directory fsync is a journal commit of its own, and a tree of
+/// many directories would pay one per directory and batch); the others
+/// are fsynced one by one. Returns those that failed.
 fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
     if dirs.len() <= 1 {
         return dirs
@@ -245,12 +349,16 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
             .collect();
     }
     let mut by_device: Vec<(u64, File, Vec<PathBuf>)> = Vec::new();
+    let mut one_by_one = Vec::new();
     let mut failed = Vec::new();
     for d in dirs {
         match File::open(d).and_then(|f| f.metadata().map(|m| (m.dev(), f))) {
             Ok((dev, f)) => match by_device.iter_mut().find(|(dv, _, _)| *dv == dev) {
                 Some((_, _, list)) => list.push(d.clone()),
-                None => by_device.push((dev, f, vec![d.clone()])),
+                None if syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) => {
+                    by_device.push((dev, f, vec![d.clone()]))
+                }
+                None => one_by_one.push((d.clone(), f)),
             },
             Err(e) => failed.push((d.clone(), e)),
         }
@@ -265,12 +373,18 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
             );
         }
     }
+    let synced = fsync_each(one_by_one, |(_, f): &mut (PathBuf, File)| f.sync_all());
+    failed.extend(
+        synced
+            .into_iter()
+            .filter_map(|((d, _), r)| r.err().map(|e| (d, e))),
+    );
     failed
 }
 
-/// How many outputs a batch may hold open: a quarter of the open-file
-/// limit (raised to its hard maximum first), between 64 and 4,096.
-pub fn max_open_outputs() -> usize {
+/// The open-file limit, its soft value raised to the hard one first (at
+/// most 65,536), as many tools do; 64 if it cannot be read.
+fn open_file_limit() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -286,12 +400,13 @@ pub fn max_open_outputs() -> usize {
                 rlim_cur: lim.rlim_max.min(65_536),
                 rlim_max: lim.rlim_max,
             };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            if raised.rlim_cur > lim.rlim_cur && libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0
+            {
                 lim.rlim_cur = raised.rlim_cur;
             }
         }
     }
-    ((lim.rlim_cur / 4) as usize).clamp(64, 4096)
+    lim.rlim_cur
 }
 
 /// Removes an `--in-place` original once its output is durable, but only
@@ -301,9 +416,11 @@ pub fn max_open_outputs() -> usize {
 /// directory is synced with the others'.
 ///
 /// The check and the removal cannot be one step, so the original is first
-/// renamed aside (to a temporary name, never over anything), checked again
-/// there, and only then unlinked: a new version renamed over the name, or
-/// bytes appended, after the first check is put back or kept, not lost.
+/// renamed aside (to `.NAME.tpmcrypt-removing.PID.RANDOM`, never over
+/// anything), checked again there, and only then unlinked: a new version
+/// renamed over the name, or bytes appended, after the first check is put
+/// back or kept, not lost. Killed in between, the run leaves it there; the
+/// next run puts it back ([`atomic::restore_moved_aside`]).
 fn remove_original(o: &Original) -> anyhow::Result<()> {
     use anyhow::Context as _;
     let same = |m: &std::fs::Metadata| m.dev() == o.stamp.dev && m.ino() == o.stamp.ino;
@@ -312,7 +429,13 @@ fn remove_original(o: &Original) -> anyhow::Result<()> {
     if !unchanged() || !same(&named) {
         return Err(crate::files::OriginalChanged.into());
     }
-    let aside = atomic::temporary_name_for(&o.path).context("removing the original")?;
+    // A name of its own form, never a temporary's: a crash before the
+    // unlink leaves it for the next run to put back, never to delete.
+    let name = o
+        .path
+        .file_name()
+        .context("removing the original: no file name")?;
+    let aside = atomic::parent_dir(&o.path).join(atomic::aside_name(name, atomic::ASIDE_MARKER));
     atomic::rename_noreplace(&o.path, &aside).context("removing the original")?;
     // The rename itself changes the ctime; everything else must be as read.
     let unchanged_but_renamed = || {
@@ -372,6 +495,7 @@ mod tests {
             files: 3,
             bytes: u64::MAX,
             age: Duration::from_secs(60),
+            window: 1,
         });
         for i in 0..3 {
             let orig = dir.join(format!("o{i}"));

@@ -120,6 +120,9 @@ pub struct Plan {
     /// (a directory that cannot be read, a ciphertext with no name to give
     /// its output): each is an error line, and the others go on.
     pub failed: Vec<(PathBuf, String)>,
+    /// Inputs named more than once (`a ./a`, or named and found by `-r`):
+    /// the first name, and the one left out (each is done once).
+    pub same: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Plans the tasks for the given inputs and flags.
@@ -141,33 +144,13 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             }],
             skipped: Vec::new(),
             failed: Vec::new(),
+            same: Vec::new(),
         });
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
     }
-    let mut sources = Vec::new();
-    let mut walk_out = Walked::default();
-    for input in &args.inputs {
-        let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
-        if meta.is_dir() {
-            if !args.recursive {
-                return Err(usage(format!(
-                    "{}: is a directory (use -r to recurse)",
-                    shown(input)
-                )));
-            }
-            walk(input, naming, &mut walk_out).with_context(|| shown(input))?;
-        } else {
-            sources.push((input.clone(), false));
-        }
-    }
-    let Walked {
-        inputs,
-        mut skipped,
-        mut failed,
-    } = walk_out;
-    sources.extend(inputs.into_iter().map(|p| (p, true)));
+    let (mut sources, mut skipped, mut failed, same) = gather(args, naming)?;
     if let Some(out) = &args.output {
         if sources.len() != 1 || args.recursive {
             return Err(usage("-o takes exactly one input file"));
@@ -186,6 +169,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             }],
             skipped,
             failed,
+            same,
         });
     }
     let mut tasks = Vec::with_capacity(sources.len());
@@ -208,7 +192,85 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         tasks,
         skipped,
         failed,
+        same,
     })
+}
+
+/// What [`gather`] found: the inputs (each with whether a walk found
+/// it), the files left out, those failing by themselves, and the inputs
+/// named more than once.
+type Gathered = (
+    Vec<(PathBuf, bool)>,
+    Vec<Skipped>,
+    Vec<(PathBuf, String)>,
+    Vec<(PathBuf, PathBuf)>,
+);
+
+/// The file inputs: those named, then those found by walking the named
+/// directories (with `-r`), each entry once.
+fn gather(args: &FileArgs, naming: Naming) -> anyhow::Result<Gathered> {
+    let mut sources = Vec::new();
+    let mut walk_out = Walked::default();
+    for input in &args.inputs {
+        let meta = fs::symlink_metadata(input).with_context(|| shown(input))?;
+        if meta.is_dir() {
+            if !args.recursive {
+                return Err(usage(format!(
+                    "{}: is a directory (use -r to recurse)",
+                    shown(input)
+                )));
+            }
+            walk(input, naming, &mut walk_out).with_context(|| shown(input))?;
+        } else {
+            sources.push((input.clone(), false));
+        }
+    }
+    let Walked {
+        inputs,
+        skipped,
+        failed,
+    } = walk_out;
+    sources.extend(inputs.into_iter().map(|p| (p, true)));
+    // One input cannot be named twice; a walk of one tree meets each entry
+    // once.
+    let same = if args.inputs.len() > 1 {
+        drop_repeated(&mut sources)
+    } else {
+        Vec::new()
+    };
+    Ok((sources, skipped, failed, same))
+}
+
+/// Keeps the first of the sources that name one directory entry (the
+/// same name in the same directory, however the path spells it: `a`,
+/// `./a`, `d/../a`, through a symlinked directory) and returns the pairs
+/// (first, repeated) of those left out. Two different names of one file
+/// (hard or symbolic links) stay two inputs: each has its own output.
+fn drop_repeated(sources: &mut Vec<(PathBuf, bool)>) -> Vec<(PathBuf, PathBuf)> {
+    use std::collections::HashMap;
+    let mut dirs: HashMap<PathBuf, Option<(u64, u64)>> = HashMap::new();
+    let mut seen: HashMap<(u64, u64, std::ffi::OsString), PathBuf> = HashMap::new();
+    let mut same = Vec::new();
+    sources.retain(|(path, _)| {
+        let dir = atomic::parent_dir(path).to_path_buf();
+        let dir_id = *dirs
+            .entry(dir)
+            .or_insert_with_key(|d| fs::metadata(d).ok().map(|m| (m.dev(), m.ino())));
+        let (Some((dev, ino)), Some(name)) = (dir_id, path.file_name()) else {
+            return true;
+        };
+        match seen.entry((dev, ino, name.to_os_string())) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                same.push((first.get().clone(), path.clone()));
+                false
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(path.clone());
+                true
+            }
+        }
+    });
+    same
 }
 
 /// What [`walk`] found.
@@ -284,6 +346,11 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
             "not a regular file"
         } else if atomic::is_temporary_name(name) {
             "a temporary of an interrupted run"
+        } else if atomic::parse_aside(OsStr::from_bytes(name)).is_some() {
+            // Put back under its name if its run was interrupted (never
+            // removed); not an input of this run either way.
+            atomic::restore_moved_aside(&path);
+            "an original moved aside for its removal by an --in-place run"
         } else {
             match pick(&path, name, naming) {
                 None => {
@@ -551,19 +618,19 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
             Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
                 crate::stdout::end_by_sigpipe()
             }
-            r => take(r, task, &mut batch, tasks, opts, &mut summary),
+            r => {
+                let r = retry_out_of_files(r, i, tasks, opts, transform, &mut batch, &mut summary);
+                take(r, task, &mut batch, tasks, opts, &mut summary)
+            }
         }
     }
     commit(&mut batch, tasks, opts, &mut summary);
     summary
 }
 
-/// Tasks whose results may wait, done, for an earlier one still running:
-/// bounds the open files and memory of a run over many files.
-const WINDOW: usize = 256;
-
 /// Runs file-to-file tasks on `opts.jobs` workers at once (small files are
-/// otherwise one core's work each, one after another). Results are taken
+/// otherwise one core's work each, one after another), at most
+/// `opts.batch.window` under way or waiting (each holds open files). Results are taken
 /// in task order, so error lines, the batch and the summary are as a
 /// sequential run's; a batch whose next result is slow to come (a large
 /// file, a FIFO) is committed at its age bound rather than held back.
@@ -578,7 +645,7 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
         ..opts.clone()
     };
     let (work_tx, work_rx) = bounded::<usize>(tasks.len());
-    let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(WINDOW);
+    let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(opts.batch.window);
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs().min(tasks.len()) {
             let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
@@ -594,7 +661,7 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
         }
         drop(done_tx);
         let mut sent = 0;
-        while sent < tasks.len().min(WINDOW) {
+        while sent < tasks.len().min(opts.batch.window) {
             let _ = work_tx.send(sent);
             sent += 1;
         }
@@ -602,6 +669,8 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
         let mut next = 0;
         while next < tasks.len() {
             if let Some(r) = waiting.remove(&next) {
+                let r =
+                    retry_out_of_files(r, next, tasks, opts, transform, &mut batch, &mut summary);
                 take(r, &tasks[next], &mut batch, tasks, opts, &mut summary);
                 next += 1;
                 if sent < tasks.len() {
@@ -622,6 +691,43 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
     });
     commit(&mut batch, tasks, opts, &mut summary);
     summary
+}
+
+/// A task that failed for want of a file descriptor (EMFILE, ENFILE) is
+/// run again once the batch is committed (its outputs and originals
+/// closed), a few times with a growing pause: waiting frees descriptors,
+/// so a file never fails for that alone while some can be freed.
+fn retry_out_of_files(
+    mut r: anyhow::Result<Done>,
+    i: usize,
+    tasks: &[Task],
+    opts: &RunOptions,
+    transform: &Transform<'_>,
+    batch: &mut Batch<(usize, u64)>,
+    summary: &mut Summary,
+) -> anyhow::Result<Done> {
+    if !matches!(tasks[i].source, Source::File(_)) {
+        return r;
+    }
+    for attempt in 0..10u64 {
+        match &r {
+            Err(e) if out_of_files(e) => {}
+            _ => return r,
+        }
+        commit(batch, tasks, opts, summary);
+        std::thread::sleep(std::time::Duration::from_millis(20 * attempt));
+        r = run_one(i, &tasks[i], opts, transform);
+    }
+    r
+}
+
+/// Whether `err` comes from the limit of open files.
+fn out_of_files(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+            .is_some_and(|n| n == libc::EMFILE || n == libc::ENFILE)
+    })
 }
 
 /// Takes one task's result, in task order: counts it, adds its output to

@@ -10,6 +10,7 @@ mod files;
 mod harden;
 mod keys;
 mod stamp;
+mod statsfile;
 mod stdout;
 mod tpm;
 

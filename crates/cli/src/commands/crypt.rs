@@ -10,6 +10,7 @@ use tpmcrypt_cipher::{backend, Decryptor, Mode, Params, TimingsSnapshot};
 use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
 use crate::keys;
+use crate::statsfile;
 use crate::Ui;
 
 fn run_options(
@@ -28,7 +29,7 @@ fn run_options(
         progress: !ui.quiet,
         refuse_tty_output,
         output_kind,
-        batch: crate::batch::Limits::default(),
+        batch: crate::batch::Limits::for_run(files.jobs),
         timings: Default::default(),
     }
 }
@@ -44,6 +45,13 @@ fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn back
 /// always, one error line for each file or directory the walk found
 /// failing by itself (counted as a failure of the run).
 fn report_skipped(plan: &files::Plan, ui: &Ui) {
+    for (first, again) in &plan.same {
+        eprintln!(
+            "tpmcrypt: {} and {} are the same file: done once",
+            files::shown(first),
+            files::shown(again)
+        );
+    }
     if ui.verbose {
         for s in &plan.skipped {
             eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
@@ -159,11 +167,11 @@ fn finish(
     verb: &str,
     unwraps: Option<(u64, u64)>,
     timing: Timing,
-    stats_json: Option<&std::path::Path>,
+    stats_json: Option<&statsfile::Target>,
 ) -> anyhow::Result<i32> {
     let wall = WallSplit::of(&timing, summary.durable_wait);
-    if let Some(path) = stats_json {
-        write_stats(path, &summary, plan, verb, unwraps, &timing, &wall)?;
+    if let Some(target) = stats_json {
+        write_stats(target, &summary, plan, verb, unwraps, &timing, &wall)?;
     }
     if ui.verbose {
         let mut line = format!(
@@ -198,7 +206,7 @@ fn finish(
 /// `--stats-json FILE`: the figures of `-v` as JSON (documented in
 /// docs/bench.md), written whole or not at all.
 fn write_stats(
-    path: &std::path::Path,
+    target: &statsfile::Target,
     summary: &Summary,
     plan: &files::Plan,
     verb: &str,
@@ -206,7 +214,6 @@ fn write_stats(
     timing: &Timing,
     wall: &WallSplit,
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let secs = wall.total.as_secs_f64();
     let e = &timing.engine;
     let stats = serde_json::json!({
@@ -230,10 +237,16 @@ fn write_stats(
         "wall_ms": wall.json(),
     });
     let text = serde_json::to_string_pretty(&stats)? + "\n";
-    let label = || files::shown(path);
-    let mut out = crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;
-    std::io::Write::write_all(out.file(), text.as_bytes()).with_context(label)?;
-    out.commit().with_context(label)
+    statsfile::write(target, &text)
+}
+
+/// Checks `--stats-json`, if given, against the plan: before any work.
+fn stats_target(files: &FileArgs, plan: &files::Plan) -> anyhow::Result<Option<statsfile::Target>> {
+    files
+        .stats_json
+        .as_deref()
+        .map(|p| statsfile::check(p, plan, files))
+        .transpose()
 }
 
 /// Runs `encrypt`.
@@ -264,6 +277,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         recipients.extend(keys::key_recipients(ui, name)?);
     }
     let plan = files::plan(&args.files, Naming::Encrypt)?;
+    let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
     if let Some(b) = chosen_backend(args.files.backend)? {
@@ -305,7 +319,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             session: Some(source.token()),
             engine: opts.timings.snapshot(),
         },
-        args.files.stats_json.as_deref(),
+        stats.as_ref(),
     )
 }
 
@@ -325,6 +339,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         ));
     }
     let plan = files::plan(&args.files, Naming::Decrypt)?;
+    let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(agent) = crate::commands::agent::cache() {
         decryptor = decryptor.with_session_cache(Box::new(agent));
@@ -355,6 +370,6 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             session: None,
             engine: opts.timings.snapshot(),
         },
-        args.files.stats_json.as_deref(),
+        stats.as_ref(),
     )
 }

@@ -223,40 +223,7 @@ pub fn unlink_durably(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
     Ok(())
 }
 
-/// Marker in the name a source is moved to just before its removal:
-/// `.NAME.tpmcrypt-removing.PID.RANDOM` (RANDOM: 16 hex digits; NAME is
-/// left out when the whole would exceed 255 bytes).
-pub const ASIDE_MARKER: &str = ".tpmcrypt-removing.";
-/// Marker in the name a moved-aside source is kept under when it turned
-/// out to be changed and its own name was taken meanwhile:
-/// `.NAME.tpmcrypt-restored.PID.RANDOM`. It is encrypted like any file.
-pub const RESTORED_MARKER: &str = ".tpmcrypt-restored.";
-
-/// `.NAME` + `marker` + this process's PID + `.` + 16 random hex digits
-/// (NAME left out if the name would be too long).
-pub fn aside_name(name: &OsStr, marker: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let suffix = format!(
-        "{marker}{}.{:016x}",
-        std::process::id(),
-        crate::atomic::random_u64()
-    );
-    let mut out = vec![b'.'];
-    if 1 + name.len() + suffix.len() <= 255 {
-        out.extend_from_slice(name.as_bytes());
-    }
-    out.extend_from_slice(suffix.as_bytes());
-    std::ffi::OsString::from_vec(out)
-}
-
-/// If `name` is exactly a moved-aside name (`.NAME.tpmcrypt-removing.PID.
-/// RANDOM`): its PID and, if it was kept in it, NAME.
-pub fn parse_aside(name: &OsStr) -> Option<(i32, Option<&OsStr>)> {
-    let (original, pid) = crate::atomic::parse_marked(name.as_bytes(), ASIDE_MARKER)?;
-    let original = (!original.is_empty() && original != b"." && original != b"..")
-        .then(|| OsStr::from_bytes(original));
-    Some((pid, original))
-}
+pub use crate::atomic::{aside_name, parse_aside, ASIDE_MARKER, RESTORED_MARKER};
 
 /// `renameat2(dir, from, dir, to, RENAME_NOREPLACE)`: never replaces `to`.
 pub fn rename_noreplace(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {

@@ -1,0 +1,170 @@
+//! Where `encrypt`/`decrypt --stats-json` may write. The path is checked
+//! before any work: it must never take the place of the run's data (an
+//! input, an output, a file inside a tree the run walks), and it replaces
+//! only a regular file this user owns (never a device, a FIFO, a socket, a
+//! symlink, a directory or another user's file). `-` and `/dev/stdout`
+//! write to standard output (unless it carries the run's data),
+//! `/dev/stderr` to standard error. Documented in docs/bench.md.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::args::FileArgs;
+use crate::exit::usage;
+use crate::files::{shown, Plan, Sink, Source};
+
+/// Where the figures go.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Standard output (`-`, `/dev/stdout`).
+    Stdout,
+    /// Standard error (`/dev/stderr`).
+    Stderr,
+    /// A regular file, written whole or not at all.
+    File(PathBuf),
+}
+
+/// Checks `path` against the run's plan (see the module's text); a
+/// refusal is a usage error naming `--stats-json` and the path.
+pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target> {
+    let refuse = |why: String| usage(format!("--stats-json {}: {why}", shown(path)));
+    let raw = path.as_os_str().as_encoded_bytes();
+    if matches!(
+        raw,
+        b"-" | b"/dev/stdout" | b"/dev/fd/1" | b"/proc/self/fd/1"
+    ) {
+        if plan.tasks.iter().any(|t| t.sink == Sink::Stdout) {
+            return Err(refuse(
+                "standard output carries the run's data; give a file".into(),
+            ));
+        }
+        return Ok(Target::Stdout);
+    }
+    if matches!(raw, b"/dev/stderr" | b"/dev/fd/2" | b"/proc/self/fd/2") {
+        return Ok(Target::Stderr);
+    }
+    if let Ok(m) = fs::symlink_metadata(path) {
+        if let Some(kind) = not_regular(&m) {
+            return Err(refuse(format!(
+                "is {kind}, not a regular file: refusing to replace it"
+            )));
+        }
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if m.uid() != me {
+            return Err(refuse(format!(
+                "belongs to another user (uid {}): refusing to replace it",
+                m.uid()
+            )));
+        }
+        let same =
+            |p: &Path| fs::metadata(p).is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino()));
+        for t in &plan.tasks {
+            if let Source::File(p) = &t.source {
+                if same(p) {
+                    return Err(refuse(format!("is an input of this run ({})", shown(p))));
+                }
+            }
+        }
+    }
+    let Some(key) = entry_key(path, &mut HashMap::new()) else {
+        // Its directory does not exist: no output can be there.
+        return Ok(Target::File(path.to_path_buf()));
+    };
+    let mut dirs = HashMap::new();
+    for t in &plan.tasks {
+        if let Sink::File(out) = &t.sink {
+            if entry_key(out, &mut dirs).as_ref() == Some(&key) {
+                return Err(refuse(format!("is an output of this run ({})", shown(out))));
+            }
+        }
+    }
+    if args.recursive {
+        for input in &args.inputs {
+            let tree = match fs::symlink_metadata(input) {
+                Ok(m) if m.is_dir() => fs::canonicalize(input),
+                _ => continue,
+            };
+            if tree.is_ok_and(|tree| key.0.starts_with(&tree)) {
+                return Err(refuse(format!(
+                    "is inside {}, a tree this run walks",
+                    shown(input)
+                )));
+            }
+        }
+    }
+    Ok(Target::File(path.to_path_buf()))
+}
+
+/// What a file that is not regular is, for the refusal.
+fn not_regular(m: &fs::Metadata) -> Option<&'static str> {
+    let ft = m.file_type();
+    Some(if ft.is_file() {
+        return None;
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    })
+}
+
+/// A directory entry as (its directory, resolved; its name): two paths
+/// that name one entry (`a`, `./a`, `t/sub/../a`) get one key. Resolved
+/// directories are cached in `dirs` (a run names thousands of outputs in
+/// a few directories).
+fn entry_key(
+    path: &Path,
+    dirs: &mut HashMap<PathBuf, Option<PathBuf>>,
+) -> Option<(PathBuf, std::ffi::OsString)> {
+    let name = path.file_name()?.to_os_string();
+    let dir = crate::atomic::parent_dir(path).to_path_buf();
+    let resolved = dirs
+        .entry(dir)
+        .or_insert_with_key(|d| fs::canonicalize(d).ok())
+        .clone()?;
+    Some((resolved, name))
+}
+
+/// Writes `text` to `target`. A file is checked once more (it may have
+/// been replaced by something that is not a regular file since), then
+/// written under a temporary name and renamed over it.
+pub fn write(target: &Target, text: &str) -> anyhow::Result<()> {
+    match target {
+        Target::Stdout => {
+            let mut out = io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .context("--stats-json: writing to standard output")
+        }
+        Target::Stderr => io::stderr()
+            .write_all(text.as_bytes())
+            .context("--stats-json: writing to standard error"),
+        Target::File(path) => {
+            let label = || format!("--stats-json {}", shown(path));
+            if let Some(kind) = fs::symlink_metadata(path)
+                .ok()
+                .as_ref()
+                .and_then(not_regular)
+            {
+                anyhow::bail!("{}: became {kind}: not replaced", label());
+            }
+            let mut out =
+                crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;
+            out.file().write_all(text.as_bytes()).with_context(label)?;
+            out.commit().with_context(label)
+        }
+    }
+}
