@@ -63,6 +63,19 @@ impl Scratch {
         wrap: &[&str],
         uid: Option<u32>,
     ) -> Child {
+        self.start_env(n, extra, ready, wrap, uid, &[])
+    }
+
+    /// [`Scratch::start_with`], with these environment variables.
+    fn start_env(
+        &self,
+        n: usize,
+        extra: &[&str],
+        ready: bool,
+        wrap: &[&str],
+        uid: Option<u32>,
+        env: &[(&str, &str)],
+    ) -> Child {
         let sock_path = self.path().join(format!("notify.{n}"));
         let _ = fs::remove_file(&sock_path);
         let sock = UnixDatagram::bind(&sock_path).expect("bind notify socket");
@@ -104,6 +117,7 @@ impl Scratch {
             }
             cmd.uid(uid).gid(uid);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd
             .args(&args)
             .env("NOTIFY_SOCKET", &sock_path)
@@ -1818,4 +1832,141 @@ fn a_source_moved_aside_by_a_killed_daemon_is_recovered() {
     assert_eq!(restored.len(), 1, "{got:?}");
     assert_eq!(restored[0].1, b"older upload\n");
     assert_eq!(got.len(), 3, "{:?}", got.keys());
+}
+
+/// The daemon commits in groups: 500 files dropped at once (in 5
+/// directories, --delete-plaintext) cost a few sync calls per batch, not
+/// two or three per file. strace -y names each synced file, so the
+/// journal's and the statistics' own syncs (per interval) are told apart.
+#[test]
+fn watch_syncs_per_batch_not_per_file() {
+    const N: usize = 500;
+    let s = Scratch::new();
+    for i in 0..N {
+        write_file(
+            &s.src().join(format!("d{}/f{i:03}", i % 5)),
+            &bytes(4096, i as u64),
+        );
+    }
+    let trace = s.path().join("strace.log");
+    let child = s.start_env(
+        0,
+        &["--delete-plaintext", "--workers", "2"],
+        true,
+        &[
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-o",
+            trace.to_str().expect("utf8"),
+            "-e",
+            "trace=fsync,fdatasync,syncfs",
+        ],
+        None,
+        &[("TPMCRYPT_LOG", "debug")],
+    );
+    wait_for("SRC to be emptied", Duration::from_secs(120), || {
+        walk(&s.src()).is_empty()
+    });
+    for pid in common::child_pids_of(child.id()) {
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+        }
+    }
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(ciphertexts(&s.dest()), N, "{}", s.log(0));
+    let text = fs::read_to_string(&trace).expect("strace log");
+    let own = |l: &&str| l.contains(".tpmcrypt-watch") || l.contains("stats.json");
+    let syncs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("sync") && l.contains('('))
+        .filter(|l| !own(l))
+        .collect();
+    let batches = s
+        .log(0)
+        .lines()
+        .filter(|l| l.contains("committed a batch of"))
+        .count();
+    eprintln!("{N} files: {} sync calls, {batches} batches", syncs.len());
+    // Per batch: the data (syncfs), the new names' directories, the
+    // removals' directories; a few more for SRC's and DEST's start-up.
+    assert!(
+        syncs.len() <= 3 * batches + 8,
+        "{} sync calls for {batches} batches of {N} files: not O(batches + directories):\n{}",
+        syncs.len(),
+        syncs.join("\n")
+    );
+    assert!(
+        batches > 0 && batches <= N / 5,
+        "{batches} batches for {N} files"
+    );
+}
+
+/// Deterministic kills inside a group commit (a hook of debug builds:
+/// TPMCRYPT_WATCH_TEST_CRASH_AT, see commands/watch/commit.rs): after the
+/// batch's data is durable but before any rename, and after the renames
+/// but before any source is removed. Each leaves every source in SRC, and
+/// the next run finishes the job without a duplicate version.
+#[test]
+fn kill_inside_a_group_commit_loses_nothing() {
+    for at in ["synced", "renamed"] {
+        let s = Scratch::new();
+        let want: Vec<(PathBuf, Vec<u8>)> = (0..40u64)
+            .map(|i| (PathBuf::from(format!("d{}/f{i}", i % 3)), bytes(3000, i)))
+            .collect();
+        for (rel, data) in &want {
+            write_file(&s.src().join(rel), data);
+        }
+        let mut child = s.start_env(
+            0,
+            &["--delete-plaintext", "--workers", "2"],
+            false,
+            &[],
+            None,
+            &[("TPMCRYPT_WATCH_TEST_CRASH_AT", at)],
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "{at}: the daemon did not kill itself in a batch: {}",
+                    s.log(0)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{at}: {}", s.log(0));
+        // No source was removed: none had its batch finished.
+        for (rel, _) in &want {
+            assert!(s.src().join(rel).exists(), "{at}: {} gone", rel.display());
+        }
+        let named = ciphertexts(&s.dest());
+        let partial = walk(&s.dest())
+            .iter()
+            .filter(|p| p.to_string_lossy().contains(PARTIAL_MARKER))
+            .count();
+        if at == "synced" {
+            assert_eq!(named, 0, "{at}: a ciphertext was renamed before its batch");
+            assert!(partial > 0, "{at}: the batch's temporaries");
+        } else {
+            assert!(named > 0, "{at}: the first batch's ciphertexts");
+        }
+        let child = s.start(1, &["--delete-plaintext"], true);
+        wait_for("SRC to be emptied", Duration::from_secs(60), || {
+            walk(&s.src()).is_empty()
+        });
+        assert_eq!(stop(child), 0, "{}", s.log(1));
+        let got = s.decrypt_all();
+        assert_eq!(got.len(), want.len(), "{at}: {:?}", got.keys());
+        for (rel, data) in &want {
+            assert_eq!(got.get(rel), Some(data), "{at}: {}", rel.display());
+        }
+    }
 }

@@ -204,6 +204,22 @@ impl AtomicFile {
         self.file.as_fd()
     }
 
+    /// The temporary, opened again for reading (it is written through a
+    /// write-only descriptor): the same inode, never a symlink, so that
+    /// what is read back is what was written.
+    pub fn open_for_reading(&self) -> io::Result<File> {
+        use std::os::unix::fs::MetadataExt;
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.tmp)?;
+        let (a, b) = (f.metadata()?, self.file.metadata()?);
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(io::Error::other("the temporary was replaced"));
+        }
+        Ok(f)
+    }
+
     /// The final name.
     pub fn dest(&self) -> &Path {
         &self.dest

@@ -120,6 +120,10 @@ pub enum CommitError {
     /// changed: it is kept.
     #[error("{0:#}")]
     Original(anyhow::Error),
+    /// The caller's check before the rename refused it (see
+    /// [`Batch::commit_with`]): the output stays a temporary, removed.
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
 }
 
 /// Outputs collected until a bound is reached.
@@ -156,17 +160,35 @@ impl<T: Send> Batch<T> {
         self.pending.is_empty()
     }
 
+    /// When the batch reaches its age bound (None while empty).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.since.map(|t| t + self.limits.age)
+    }
+
     /// Commits every waiting output (steps 1-4 above) and returns each
     /// tag with its outcome, in the order they were pushed.
     pub fn commit(&mut self) -> Vec<(T, Result<(), CommitError>)> {
+        self.commit_with(|_| Ok(()))
+    }
+
+    /// [`Batch::commit`], calling `before_rename` for each output whose
+    /// data is durable, just before its rename (the watch daemon records
+    /// the output in its journal there). An error refuses that rename.
+    pub fn commit_with(
+        &mut self,
+        before_rename: impl FnMut(&T) -> Result<(), CommitError>,
+    ) -> Vec<(T, Result<(), CommitError>)> {
         let pending = std::mem::take(&mut self.pending);
         self.bytes = 0;
         self.since = None;
-        commit(pending)
+        commit(pending, before_rename)
     }
 }
 
-fn commit<T: Send>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)> {
+fn commit<T: Send>(
+    pending: Vec<Pending<T>>,
+    mut before_rename: impl FnMut(&T) -> Result<(), CommitError>,
+) -> Vec<(T, Result<(), CommitError>)> {
     let synced = make_durable(pending);
     // Step 2: renames; step 3: each directory that received an output.
     let mut renamed = Vec::with_capacity(synced.len());
@@ -175,7 +197,9 @@ fn commit<T: Send>(pending: Vec<Pending<T>>) -> Vec<(T, Result<(), CommitError>)
             tag, out, original, ..
         } = p;
         let dir = atomic::parent_dir(out.dest()).to_path_buf();
-        let r = r.and_then(|()| out.rename_durable().map_err(CommitError::Rename));
+        let r = r
+            .and_then(|()| before_rename(&tag))
+            .and_then(|()| out.rename_durable().map_err(CommitError::Rename));
         renamed.push((tag, r, dir, original));
     }
     let dirs: BTreeSet<PathBuf> = renamed
@@ -380,6 +404,58 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
             .filter_map(|((d, _), r)| r.err().map(|e| (d, e))),
     );
     failed
+}
+
+/// Makes the entries of the open directories `dirs` durable with the
+/// policy of [`sync_dirs`]: one directory (or several links to one) is
+/// fsynced; several with one `syncfs` per file system that honours it,
+/// the others one by one. Returns the first error.
+pub fn sync_open_dirs<D: AsRawFd>(dirs: &[D]) -> io::Result<()> {
+    let mut seen: Vec<(u64, u64, &D)> = Vec::new();
+    for d in dirs {
+        // SAFETY: fstat on a valid descriptor into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(d.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (dev, ino) = (st.st_dev, st.st_ino);
+        if !seen.iter().any(|(dv, i, _)| (*dv, *i) == (dev, ino)) {
+            seen.push((dev, ino, d));
+        }
+    }
+    let call = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    let fsync = |d: &D| {
+        // SAFETY: fsync on a valid descriptor.
+        call(unsafe { libc::fsync(d.as_raw_fd()) })
+    };
+    if seen.len() == 1 {
+        return fsync(seen[0].2);
+    }
+    let mut devices: Vec<u64> = Vec::new();
+    for (dev, _, d) in seen {
+        // SAFETY: the descriptor is valid for the duration of the call.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(d.as_raw_fd()) };
+        if !syncfs_is_durable(fd) {
+            fsync(d)?;
+        } else if !devices.contains(&dev) {
+            devices.push(dev);
+            // SAFETY: syncfs on a valid descriptor.
+            call(unsafe { libc::syncfs(d.as_raw_fd()) })?;
+        }
+    }
+    Ok(())
+}
+
+/// How many outputs a batch may hold open: a quarter of the open-file
+/// limit (raised to its hard maximum first), between 64 and 4,096.
+pub fn max_open_outputs() -> usize {
+    (open_file_limit() / 4).clamp(64, 4096) as usize
 }
 
 /// The open-file limit, its soft value raised to the hard one first (at

@@ -23,8 +23,8 @@ use super::fsio::{self, Kind};
 use super::journal::Journal;
 use super::stats::{self, Counters, Stats};
 use super::units::human_duration;
-use super::worker::{self, Ctx, Job, Outcome, Session};
-use super::{log, scan, show, WatchArgs};
+use super::worker::{self, Ctx, Job, Outcome, Session, Step};
+use super::{commit, log, scan, show, WatchArgs};
 use crate::args::ModeArg;
 use crate::exit::usage;
 use crate::keys;
@@ -262,18 +262,34 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
 
     let (work_tx, work_rx) = bounded::<Job>(workers * 2);
     let (done_tx, done_rx) = unbounded::<(PathBuf, Outcome)>();
+    // Complete ciphertexts wait for the committer here; a full channel
+    // holds the workers back (each pending file holds files open).
+    let limits = commit::limits();
+    let (commit_tx, commit_rx) = bounded::<Box<worker::Ready>>(limits.files);
     let mut handles = Vec::new();
+    {
+        let (ctx, tx) = (ctx.clone(), done_tx.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name("committer".into())
+                .spawn(move || commit::run(ctx, commit_rx, tx, limits))?,
+        );
+    }
     for i in 0..workers {
         let ctx = ctx.clone();
         let rx = work_rx.clone();
         let tx = done_tx.clone();
+        let commit_tx = commit_tx.clone();
         handles.push(
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
                 .spawn(move || {
                     while let Ok(job) = rx.recv() {
-                        let outcome = worker::process(&ctx, &job);
-                        if tx.send((job.rel, outcome)).is_err() {
+                        let sent = match worker::process(&ctx, &job) {
+                            Step::Done(outcome) => tx.send((job.rel, outcome)).is_ok(),
+                            Step::Commit(ready) => commit_tx.send(ready).is_ok(),
+                        };
+                        if !sent {
                             break;
                         }
                     }
@@ -281,6 +297,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         );
     }
     drop(done_tx);
+    drop(commit_tx);
 
     // Watch before scanning: nothing that arrives during the scan is missed
     // (the scan and the events may both see a file; it is done once).

@@ -209,15 +209,12 @@ pub fn writers(file: &File) -> Writers {
     w
 }
 
-/// Removes `name` from `dir` and makes the removal durable.
-pub fn unlink_durably(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+/// Removes `name` from `dir`. Not durable yet: the committer syncs the
+/// directories of a batch's removals together.
+pub fn unlink_at(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
     let c = cstr(name)?;
     // SAFETY: valid directory fd and NUL-terminated name.
     if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: valid fd.
-    if unsafe { libc::fsync(dir.as_raw_fd()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -7,8 +7,11 @@
 //! Threads: notify's inotify reader feeds a bounded event channel; one
 //! coordinator owns all state (pending files de-duplicated by path, settle
 //! timers, the journal, the stats) and hands jobs to N workers through a
-//! bounded channel; the workers share one `Encryptor` per session.
+//! bounded channel; the workers share one `Encryptor` per session and hand
+//! complete ciphertexts to one committer thread, which makes them durable
+//! in groups (`commit.rs`, on `crate::batch`) and sends the outcomes back.
 
+mod commit;
 mod coord;
 mod fsio;
 mod journal;

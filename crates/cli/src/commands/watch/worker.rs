@@ -102,7 +102,7 @@ impl Ctx {
     /// Appends `rec` to the journal (None: forgets `rel`) and hands it to
     /// the kernel. A failure is only logged: without the record a restart
     /// adds a version rather than rewriting this one, which loses nothing.
-    fn record(&self, rel: &Path, rec: Option<Record>) {
+    pub fn record(&self, rel: &Path, rec: Option<Record>) {
         let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
         let written = match rec {
             Some(r) => j.put(rel, r),
@@ -235,23 +235,72 @@ pub enum Outcome {
     Failed(anyhow::Error),
 }
 
+/// The source of a ciphertext to remove once it is committed
+/// (`--delete-plaintext`).
+pub struct Source {
+    /// Its directory beneath SRC.
+    pub dir: OwnedFd,
+    /// The source, open.
+    pub file: File,
+    /// How it was when encrypted.
+    pub st0: Stamp,
+}
+
+/// A ciphertext complete under its temporary name, verified if its source
+/// is to be removed: what the committer needs besides the file.
+pub struct Item {
+    /// Path relative to SRC.
+    pub rel: PathBuf,
+    /// Its journal record (written just before the rename).
+    pub rec: Record,
+    /// The source to remove after the commit, if any.
+    pub source: Option<Source>,
+    /// Kept under --delete-plaintext: no lease could be taken on it.
+    pub no_lease: bool,
+    /// Kept under --delete-plaintext for its other hard links: how many
+    /// links it has (0: not kept for that).
+    pub links: u64,
+    /// Time the worker spent on it.
+    pub service: Duration,
+}
+
+/// A ciphertext handed to the committer.
+pub struct Ready {
+    /// All but the file.
+    pub item: Item,
+    /// The ciphertext under its temporary name.
+    pub out: AtomicFile,
+}
+
+/// What a worker did with a job.
+pub enum Step {
+    /// Finished (nothing to commit).
+    Done(Outcome),
+    /// A ciphertext to commit with the next batch.
+    Commit(Box<Ready>),
+}
+
 /// Processes one job; never panics through (a panic becomes a failure).
-pub fn process(ctx: &Ctx, job: &Job) -> Outcome {
+pub fn process(ctx: &Ctx, job: &Job) -> Step {
     let started = Instant::now();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         encrypt_one(ctx, job, started)
     })) {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(e)) => Outcome::Failed(e),
-        Err(_) => Outcome::Failed(anyhow::anyhow!("internal error (worker panicked)")),
+        Ok(Ok(step)) => step,
+        Ok(Err(e)) => Step::Done(Outcome::Failed(e)),
+        Err(_) => Step::Done(Outcome::Failed(anyhow::anyhow!(
+            "internal error (worker panicked)"
+        ))),
     }
 }
 
-fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome> {
+fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
     let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel) {
         Ok(x) => x,
-        Err(OpenError::NotRegular(k)) => return Ok(Outcome::NotRegular(k)),
-        Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Gone),
+        Err(OpenError::NotRegular(k)) => return Ok(Step::Done(Outcome::NotRegular(k))),
+        Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Step::Done(Outcome::Gone))
+        }
         Err(OpenError::Io(e)) => return Err(anyhow::Error::from(e).context("cannot open")),
     };
     let st0 = Stamp::of(&file.metadata()?);
@@ -268,18 +317,18 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
             if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
                 && ciphertext_present(&ctx.version_path(&job.rel, prev.version), &prev)
             {
-                return Ok(Outcome::Unchanged);
+                return Ok(Step::Done(Outcome::Unchanged));
             }
         }
     }
     if !st0.mtime_in_future() {
         let age = st0.age();
         if age < ctx.settle {
-            return Ok(Outcome::NotSettled(ctx.settle - age));
+            return Ok(Step::Done(Outcome::NotSettled(ctx.settle - age)));
         }
     }
     match fsio::writers(&file) {
-        Writers::Busy => return Ok(Outcome::Busy),
+        Writers::Busy => return Ok(Step::Done(Outcome::Busy)),
         Writers::Unknown => {
             if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
                 tracing::info!(
@@ -310,7 +359,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
     let st1 = Stamp::of(&file.metadata()?);
     if st1 != st0 {
         // `out` is dropped: the temporary goes, nothing is renamed.
-        return Ok(Outcome::Changed);
+        return Ok(Step::Done(Outcome::Changed));
     }
     result.context("encrypting")?;
     let ct = out.file().metadata()?;
@@ -322,68 +371,37 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Outcome
         version,
         ct_ino: ct.ino(),
     };
-    // Never into a DEST recreated meanwhile (by another daemon, say).
-    ctx.check_dest()?;
-    // Recorded before the ciphertext has its name (and so before any
-    // removal of the source): after a kill -9 the next run knows whose
-    // ciphertext it is, and rewrites it rather than adding a version.
-    ctx.record(&job.rel, Some(rec));
-    if let Err(e) = out.commit() {
-        // Perhaps the name was taken meanwhile: whatever is there is not
-        // this source's.
-        ctx.record(&job.rel, None);
-        return Err(anyhow::Error::from(e).context(format!("writing {}", show(&dest))));
-    }
-    let done_at = Instant::now();
-    let mut deleted = false;
-    if no_lease {
-        let first = ctx
-            .no_lease_warned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(job.rel.clone());
-        if first {
-            warn!(
-                "{}: kept: no file lease can be taken on it (the daemon is not its owner and \
-                 has no CAP_LEASE, or the file system has no leases), so a writer that still \
-                 has it open cannot be ruled out",
-                show(&job.rel)
-            );
-        }
-    } else if kept {
-        warn!(
-            "{}: kept: it has {} hard links, and removing this name would leave the plaintext \
-             under the others",
-            show(&job.rel),
-            st0.nlink
-        );
-    } else if ctx.delete {
-        if let Err(e) = verify(&session, &dest, &file) {
+    let mut source = None;
+    if ctx.delete && !kept {
+        // Read back from the temporary (the bytes the commit makes
+        // durable): the workers verify in parallel, the committer only
+        // removes.
+        let verified = out
+            .open_for_reading()
+            .map_err(anyhow::Error::from)
+            .and_then(|ct| verify(&session, &ct, &file));
+        if let Err(e) = verified {
             // Appended to since it was encrypted (a writer's open, close
             // and settle can all fit in that time): done again, not an
             // error.
             if Stamp::of(&file.metadata()?) != st0 {
-                return Ok(Outcome::Changed);
+                return Ok(Step::Done(Outcome::Changed));
             }
             return Err(e.context(format!("verifying {}", show(&dest))));
         }
-        let Some(name) = job.rel.file_name() else {
-            bail!("no file name");
-        };
-        if !remove_source(&dir, &job.rel, name, &file, &st0)
-            .context("removing the verified source")?
-        {
-            return Ok(Outcome::Changed);
-        }
-        deleted = true;
+        source = Some(Source { dir, file, st0 });
     }
-    Ok(Outcome::Encrypted {
-        rec,
-        deleted,
-        no_lease,
-        done_at,
-        service: done_at - started,
-    })
+    Ok(Step::Commit(Box::new(Ready {
+        item: Item {
+            rel: job.rel.clone(),
+            rec,
+            source,
+            no_lease,
+            links: if links { st0.nlink } else { 0 },
+            service: started.elapsed(),
+        },
+        out,
+    })))
 }
 
 /// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
@@ -452,17 +470,13 @@ impl Write for HashWriter {
     }
 }
 
-/// Decrypts the durable ciphertext with the session's own key and compares
+/// Decrypts the ciphertext (its temporary) with the session's own key and compares
 /// it, by SHA-256 and length, with the source as it is now.
-fn verify(session: &Session, dest: &Path, src: &File) -> anyhow::Result<()> {
-    let ct = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(dest)?;
+fn verify(session: &Session, ct: &File, src: &File) -> anyhow::Result<()> {
     let mut plain = HashWriter(Sha256::new());
     let n = session
         .verifier
-        .decrypt_file(&ct, &mut plain, &StreamOptions::sequential())?;
+        .decrypt_file(ct, &mut plain, &StreamOptions::sequential())?;
     let mut source = Sha256::new();
     let mut buf = vec![0u8; 64 << 10];
     let mut off = 0u64;
@@ -490,8 +504,9 @@ fn verify(session: &Session, dest: &Path, src: &File) -> anyhow::Result<()> {
 /// with a single name and its lease not being broken, is it unlinked.
 /// Otherwise it is put back under its name (or, if that was taken
 /// meanwhile, kept as `.NAME.tpmcrypt-restored.PID.RANDOM`) to be
-/// encrypted again. Returns whether it was removed.
-fn remove_source(
+/// encrypted again. Returns whether it was removed; the removal is made
+/// durable by the caller (with the batch's other removals).
+pub fn remove_source(
     dir: &OwnedFd,
     rel: &Path,
     name: &std::ffi::OsStr,
@@ -526,7 +541,7 @@ fn remove_source(
                 == (st0.dev, st0.ino, st0.size, st0.mtime_ns, 1)
             && fsio::lease_intact(file);
         if same {
-            fsio::unlink_durably(dir, &aside)?;
+            fsio::unlink_at(dir, &aside)?;
             return Ok(true);
         }
         put_back(dir, rel, name, &aside)?;

@@ -1,0 +1,222 @@
+//! The committer: the workers hand it complete ciphertexts under their
+//! temporary names, and it makes them durable in groups with
+//! [`crate::batch`] (one `syncfs` per batch instead of an fsync per file
+//! and directory), then removes the sources that `--delete-plaintext`
+//! asks to remove. Per batch:
+//! 1. the ciphertexts' data is made durable (`syncfs`; a batch of one is
+//!    fsynced);
+//! 2. each is recorded in the journal, then renamed to its final name;
+//! 3. the directories that received one are made durable;
+//! 4. only then each source to remove is moved aside and unlinked (see
+//!    [`worker::remove_source`]), and the directories that lost one are
+//!    made durable, once.
+//!
+//! The outcomes go to the coordinator only after step 4, so a path stays
+//! in flight (never taken twice) until its source is gone or kept.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use tracing::{debug, warn};
+
+use super::show;
+use super::worker::{self, Ctx, Item, Outcome, Ready};
+use crate::batch::{self, Batch, CommitError, Limits, Pending};
+
+/// How long the first ciphertext of a batch may wait for others: short,
+/// since it adds to every file's latency (the p99 goal is 100 ms).
+pub const BATCH_AGE: Duration = Duration::from_millis(20);
+
+/// The watch daemon's batch bounds: [`BATCH_AGE`], 256 MiB, and half of
+/// the outputs a batch may hold open elsewhere (each pending file here
+/// also holds its source and the source's directory open).
+pub fn limits() -> Limits {
+    Limits {
+        files: (batch::max_open_outputs() / 2).max(32),
+        bytes: 256 << 20,
+        age: BATCH_AGE,
+        // Not used here: the daemon's workers bound themselves.
+        window: 1,
+    }
+}
+
+/// Commits what the workers send until they are all gone (their senders
+/// dropped), then commits the rest and returns.
+pub fn run(
+    ctx: Arc<Ctx>,
+    rx: Receiver<Box<Ready>>,
+    done: Sender<(PathBuf, Outcome)>,
+    limits: Limits,
+) {
+    let mut batch = Batch::new(limits);
+    loop {
+        let msg = match batch.deadline() {
+            Some(at) => rx.recv_deadline(at),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match msg {
+            Ok(ready) => {
+                let Ready { item, out } = *ready;
+                let bytes = item.rec.ct_len;
+                let full = batch.push(Pending {
+                    tag: item,
+                    out,
+                    bytes,
+                    original: None,
+                });
+                if full {
+                    commit(&ctx, &mut batch, &done);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => commit(&ctx, &mut batch, &done),
+            Err(RecvTimeoutError::Disconnected) => {
+                commit(&ctx, &mut batch, &done);
+                return;
+            }
+        }
+    }
+}
+
+/// Steps 1-4 for one batch; sends every outcome.
+fn commit(ctx: &Ctx, batch: &mut Batch<Item>, done: &Sender<(PathBuf, Outcome)>) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut first = true;
+    let results = batch.commit_with(|item| {
+        if std::mem::take(&mut first) {
+            crash_point("synced");
+        }
+        // Never into a DEST recreated meanwhile (by another daemon, say).
+        ctx.check_dest().map_err(CommitError::Refused)?;
+        // Recorded before the ciphertext has its name (and so before any
+        // removal of the source): after a kill -9 the next run knows
+        // whose ciphertext it is, and rewrites it rather than adding a
+        // version.
+        ctx.record(&item.rel, Some(item.rec));
+        Ok(())
+    });
+    let done_at = Instant::now();
+    let files = results.len();
+    crash_point("renamed");
+    let mut removed_from: Vec<OwnedFd> = Vec::new();
+    let mut outcomes = Vec::with_capacity(files);
+    for (item, r) in results {
+        let rel = item.rel.clone();
+        let outcome = match r {
+            Ok(()) => finish(ctx, item, done_at, &mut removed_from),
+            Err(e) => {
+                if matches!(e, CommitError::Rename(_) | CommitError::Directory(..)) {
+                    // Perhaps the name was taken meanwhile: whatever is
+                    // there is not this source's.
+                    ctx.record(&item.rel, None);
+                }
+                let dest = ctx.version_path(&item.rel, item.rec.version);
+                Outcome::Failed(anyhow::Error::from(e).context(format!("writing {}", show(&dest))))
+            }
+        };
+        outcomes.push((rel, outcome));
+    }
+    if !removed_from.is_empty() {
+        // A removal that is not durable yet loses nothing: the ciphertext
+        // is. A failure is only reported.
+        if let Err(e) = batch::sync_open_dirs(&removed_from) {
+            warn!("the removal of verified sources may not be durable yet: {e}");
+        }
+    }
+    debug!(
+        "committed a batch of {files} file(s), {} source(s) removed",
+        removed_from.len()
+    );
+    for o in outcomes {
+        if done.send(o).is_err() {
+            return;
+        }
+    }
+}
+
+/// After the commit of one ciphertext: the warnings of a kept source, or
+/// the removal of a verified one (its directory then waits in
+/// `removed_from` to be made durable).
+fn finish(ctx: &Ctx, item: Item, done_at: Instant, removed_from: &mut Vec<OwnedFd>) -> Outcome {
+    let Item {
+        rel,
+        rec,
+        source,
+        no_lease,
+        links,
+        service,
+    } = item;
+    if no_lease {
+        warn_no_lease(ctx, &rel);
+    } else if links > 1 {
+        warn!(
+            "{}: kept: it has {links} hard links, and removing this name would leave the \
+             plaintext under the others",
+            show(&rel)
+        );
+    }
+    let mut deleted = false;
+    if let Some(src) = source {
+        let Some(name) = rel.file_name() else {
+            return Outcome::Failed(anyhow::anyhow!("no file name"));
+        };
+        match worker::remove_source(&src.dir, &rel, name, &src.file, &src.st0) {
+            Ok(true) => {
+                deleted = true;
+                removed_from.push(src.dir);
+            }
+            Ok(false) => return Outcome::Changed,
+            Err(e) => {
+                return Outcome::Failed(
+                    anyhow::Error::from(e).context("removing the verified source"),
+                )
+            }
+        }
+    }
+    Outcome::Encrypted {
+        rec,
+        deleted,
+        no_lease,
+        done_at,
+        service,
+    }
+}
+
+/// Logs once per source that it is kept for want of a lease.
+fn warn_no_lease(ctx: &Ctx, rel: &std::path::Path) {
+    let first = ctx
+        .no_lease_warned
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(rel.to_path_buf());
+    if first {
+        warn!(
+            "{}: kept: no file lease can be taken on it (the daemon is not its owner and has \
+             no CAP_LEASE, or the file system has no leases), so a writer that still has it \
+             open cannot be ruled out",
+            show(rel)
+        );
+    }
+}
+
+/// For the kill -9 tests only, and only in debug builds: with
+/// `TPMCRYPT_WATCH_TEST_CRASH_AT=synced` the daemon kills itself (SIGKILL)
+/// in its first batch after the data is durable and before any rename;
+/// with `=renamed`, after the renames and the directory sync and before
+/// any source is removed. Release builds have no such hook.
+#[cfg(debug_assertions)]
+fn crash_point(at: &str) {
+    if std::env::var_os("TPMCRYPT_WATCH_TEST_CRASH_AT").is_some_and(|v| v == at) {
+        // SAFETY: sending a signal to this very process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn crash_point(_at: &str) {}
