@@ -17,9 +17,11 @@ pub mod backend;
 pub mod cbc_hmac;
 pub mod error;
 pub mod format;
+mod io_util;
 pub mod recipient;
 pub mod recovery;
 pub mod secret;
+pub mod segment;
 pub mod session;
 pub mod stream;
 

@@ -1,20 +1,9 @@
-//! The segmented payload: layout, per-file keys, and the streaming engine
-//! (a reader, N workers, an ordered writer) that runs it in constant memory.
+//! The segment pipeline engine: runs the segments of one payload through
+//! the stateless primitive of [`crate::segment`] on N workers in constant
+//! memory, writing them strictly in order. Its segment source is a reader
+//! thread for streams or positional reads for regular files.
 //!
-//! The `gcm` payload is Tink's AES-GCM-HKDF streaming AEAD, byte for byte:
-//!
-//! ```text
-//! stream header = len (1 byte) ‖ salt (key_len bytes) ‖ nonce prefix (7 bytes)
-//! file key      = HKDF-SHA256(ikm = session key, salt, info = tpmcrypt header, key_len)
-//! nonce_i       = prefix ‖ BE32(i) ‖ (i is last ? 0x01 : 0x00)
-//! segment_i     = AES-GCM(file key, nonce_i, aad = ∅, plaintext_i)   (ciphertext ‖ tag)
-//! ```
-//!
-//! Segment 0 is shorter by the stream header so that every ciphertext
-//! segment, header included, is `segment_size` bytes. The `cbc` payload uses
-//! the same stream header and nonce bytes, but each segment is an RFC 7518
-//! AES_CBC_HMAC_SHA2 ciphertext `IV ‖ E ‖ T` with `nonce_i` as associated
-//! data, so position and the last-segment flag are authenticated.
+//! The primitive's items are re-exported here under their former paths.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -24,317 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
-use zeroize::Zeroizing;
 
-use crate::backend::{AuthFailed, Backend, GcmKey, Hash, AES_BLOCK, GCM_NONCE_LEN, GCM_TAG_LEN};
-use crate::cbc_hmac::CbcHmac;
+use crate::backend::{Backend, AES_BLOCK};
 use crate::error::{Error, Result};
-use crate::format::{Mode, Params, MAX_SEGMENT_SIZE};
+use crate::segment::input_reserve;
 
-/// Length of the nonce prefix in the stream header.
-pub const NONCE_PREFIX_LEN: usize = 7;
-
-/// Where segments start and how long they are, derived from [`Params`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Payload mode.
-    pub mode: Mode,
-    /// AES key length in bytes.
-    pub key_len: usize,
-    /// Ciphertext segment size in bytes.
-    pub segment_size: usize,
-}
-
-impl Layout {
-    /// Validates `params` and returns the layout. The one place for the rules
-    /// on segment sizes.
-    pub fn new(params: &Params) -> Result<Self> {
-        if !matches!(params.key_len, 16 | 24 | 32) {
-            return Err(Error::InvalidParams(format!(
-                "invalid key length {}",
-                params.key_len
-            )));
-        }
-        let layout = Layout {
-            mode: params.mode,
-            key_len: params.key_len,
-            segment_size: params.segment_size as usize,
-        };
-        if params.segment_size > MAX_SEGMENT_SIZE {
-            return Err(Error::InvalidParams(format!(
-                "segment size {} exceeds {MAX_SEGMENT_SIZE}",
-                params.segment_size
-            )));
-        }
-        // Segment 0 must hold at least one plaintext byte.
-        let min = match layout.mode {
-            Mode::Gcm => layout.stream_header_len() + GCM_TAG_LEN + 1,
-            Mode::Cbc => layout.cbc_overhead() + AES_BLOCK,
-        };
-        if layout.segment_size < min {
-            return Err(Error::InvalidParams(format!(
-                "segment size {} is below the minimum {min}",
-                layout.segment_size
-            )));
-        }
-        if layout.mode == Mode::Cbc
-            && (layout.segment_size - CbcHmac::tag_len_for(layout.key_len)) % AES_BLOCK != 0
-        {
-            return Err(Error::InvalidParams(format!(
-                "cbc segment size {} minus the {}-byte tag must be a multiple of 16",
-                layout.segment_size,
-                CbcHmac::tag_len_for(layout.key_len)
-            )));
-        }
-        Ok(layout)
-    }
-
-    /// Length of the stream header: length byte, salt, nonce prefix.
-    pub fn stream_header_len(&self) -> usize {
-        1 + self.key_len + NONCE_PREFIX_LEN
-    }
-
-    /// IV, one block of padding at most, and the tag.
-    fn cbc_overhead(&self) -> usize {
-        AES_BLOCK + AES_BLOCK + CbcHmac::tag_len_for(self.key_len)
-    }
-
-    /// Bytes by which segment 0 is shortened (Tink counts the stream header
-    /// as part of the first segment; the cbc payload does not).
-    fn first_cut(&self) -> usize {
-        match self.mode {
-            Mode::Gcm => self.stream_header_len(),
-            Mode::Cbc => 0,
-        }
-    }
-
-    /// Ciphertext length of a full segment `index`.
-    pub fn ciphertext_segment_len(&self, index: u64) -> usize {
-        if index == 0 {
-            self.segment_size - self.first_cut()
-        } else {
-            self.segment_size
-        }
-    }
-
-    /// Plaintext length of a full segment `index`.
-    pub fn plaintext_segment_len(&self, index: u64) -> usize {
-        let overhead = match self.mode {
-            Mode::Gcm => GCM_TAG_LEN,
-            Mode::Cbc => self.cbc_overhead(),
-        };
-        self.ciphertext_segment_len(index) - overhead
-    }
-
-    /// Ciphertext length of a segment holding `plaintext_len` bytes.
-    pub fn sealed_len(&self, plaintext_len: usize) -> usize {
-        match self.mode {
-            Mode::Gcm => plaintext_len + GCM_TAG_LEN,
-            Mode::Cbc => {
-                AES_BLOCK
-                    + (plaintext_len / AES_BLOCK + 1) * AES_BLOCK
-                    + CbcHmac::tag_len_for(self.key_len)
-            }
-        }
-    }
-
-    /// Total payload length (stream header and all segments) for a
-    /// plaintext of `len` bytes.
-    pub fn payload_len(&self, len: u64) -> u64 {
-        let mut total = self.stream_header_len() as u64;
-        let mut left = len;
-        let mut index = 0u64;
-        loop {
-            let full = self.plaintext_segment_len(index) as u64;
-            if left <= full {
-                return total + self.sealed_len(left as usize) as u64;
-            }
-            total += self.ciphertext_segment_len(index) as u64;
-            left -= full;
-            index += 1;
-        }
-    }
-
-    /// Length of the derived key material: the AES-GCM key, or for cbc the
-    /// RFC 7518 composite key (MAC_KEY ‖ ENC_KEY) followed by a 32-byte
-    /// IV-derivation key.
-    pub fn key_material_len(&self) -> usize {
-        match self.mode {
-            Mode::Gcm => self.key_len,
-            Mode::Cbc => 2 * self.key_len + IV_KEY_LEN,
-        }
-    }
-}
-
-const IV_KEY_LEN: usize = 32;
-
-/// The per-segment nonce (gcm) or associated data (cbc).
-pub fn segment_nonce(
-    prefix: &[u8; NONCE_PREFIX_LEN],
-    index: u32,
-    last: bool,
-) -> [u8; GCM_NONCE_LEN] {
-    let mut nonce = [0u8; GCM_NONCE_LEN];
-    nonce[..NONCE_PREFIX_LEN].copy_from_slice(prefix);
-    nonce[NONCE_PREFIX_LEN..11].copy_from_slice(&index.to_be_bytes());
-    nonce[11] = last as u8;
-    nonce
-}
-
-/// Per-file key material and nonce prefix, enough to build a segment
-/// crypter on any thread.
-pub struct FileKeys {
-    layout: Layout,
-    material: Zeroizing<Vec<u8>>,
-    nonce_prefix: [u8; NONCE_PREFIX_LEN],
-}
-
-impl FileKeys {
-    /// Derives the file key with HKDF-SHA256 (Tink's construction: the
-    /// associated data is the HKDF info).
-    pub fn derive(
-        backend: &dyn Backend,
-        layout: Layout,
-        ikm: &[u8],
-        salt: &[u8],
-        associated_data: &[u8],
-        nonce_prefix: [u8; NONCE_PREFIX_LEN],
-    ) -> Result<Self> {
-        let mut material = Zeroizing::new(vec![0u8; layout.key_material_len()]);
-        backend.hkdf_sha256(ikm, salt, associated_data, &mut material)?;
-        Ok(FileKeys {
-            layout,
-            material,
-            nonce_prefix,
-        })
-    }
-
-    /// Uses already-derived key material (for known-answer tests whose HKDF
-    /// hash is not SHA-256).
-    pub fn from_material(
-        layout: Layout,
-        material: &[u8],
-        nonce_prefix: [u8; NONCE_PREFIX_LEN],
-    ) -> Result<Self> {
-        if material.len() != layout.key_material_len() {
-            return Err(Error::InvalidParams(
-                "key material of the wrong length".into(),
-            ));
-        }
-        Ok(FileKeys {
-            layout,
-            material: Zeroizing::new(material.to_vec()),
-            nonce_prefix,
-        })
-    }
-
-    /// The layout these keys were made for.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// A crypter for one thread.
-    pub fn crypter(&self, backend: &Arc<dyn Backend>) -> Result<SegmentCrypter> {
-        let aead = match self.layout.mode {
-            Mode::Gcm => Aead::Gcm(backend.gcm(&self.material)?),
-            Mode::Cbc => {
-                let composite = 2 * self.layout.key_len;
-                Aead::Cbc {
-                    cbc: CbcHmac::new(backend.clone(), &self.material[..composite])?,
-                    iv_key: Zeroizing::new(self.material[composite..].to_vec()),
-                    backend: backend.clone(),
-                }
-            }
-        };
-        Ok(SegmentCrypter {
-            layout: self.layout,
-            prefix: self.nonce_prefix,
-            aead,
-        })
-    }
-}
-
-enum Aead {
-    Gcm(Box<dyn GcmKey>),
-    Cbc {
-        cbc: CbcHmac,
-        iv_key: Zeroizing<Vec<u8>>,
-        backend: Arc<dyn Backend>,
-    },
-}
-
-/// Seals and opens single segments.
-pub struct SegmentCrypter {
-    layout: Layout,
-    prefix: [u8; NONCE_PREFIX_LEN],
-    aead: Aead,
-}
-
-impl SegmentCrypter {
-    /// Bytes to reserve before the plaintext in a buffer passed to `seal`.
-    pub fn reserve(&self) -> usize {
-        input_reserve(Direction::Seal, &self.layout)
-    }
-
-    /// Seals `buf[reserve()..]` in place into a complete ciphertext segment.
-    pub fn seal(&mut self, index: u64, last: bool, buf: &mut Vec<u8>) -> Result<()> {
-        let index = segment_index(index)?;
-        let nonce = segment_nonce(&self.prefix, index, last);
-        match &mut self.aead {
-            Aead::Gcm(key) => key.seal(&nonce, &[], buf),
-            Aead::Cbc {
-                cbc,
-                iv_key,
-                backend,
-            } => {
-                // An unpredictable IV: a PRF of the segment's position under
-                // a key of its own (SP 800-38A, Appendix C).
-                let prf = backend.hmac(Hash::Sha256, iv_key, &[&nonce])?;
-                let mut iv = [0u8; AES_BLOCK];
-                iv.copy_from_slice(&prf[..AES_BLOCK]);
-                cbc.seal(&iv, &nonce, buf)
-            }
-        }
-    }
-
-    fn open_once(
-        &mut self,
-        index: u32,
-        last: bool,
-        buf: &mut [u8],
-    ) -> std::result::Result<Range<usize>, AuthFailed> {
-        let nonce = segment_nonce(&self.prefix, index, last);
-        match &mut self.aead {
-            Aead::Gcm(key) => key.open(&nonce, &[], buf).map(|n| 0..n),
-            Aead::Cbc { cbc, .. } => cbc.open(&nonce, buf),
-        }
-    }
-
-    /// Authenticates and decrypts a complete ciphertext segment in place and
-    /// returns where its plaintext is. When the last segment is full-size
-    /// and fails, it is tried as a middle segment to tell truncation at a
-    /// segment boundary apart from tampering.
-    pub fn open(&mut self, index: u64, last: bool, buf: &mut [u8]) -> Result<Range<usize>> {
-        let idx = segment_index(index)?;
-        let full = buf.len() == self.layout.ciphertext_segment_len(index);
-        let backup = (last && full).then(|| Zeroizing::new(buf.to_vec()));
-        match self.open_once(idx, last, buf) {
-            Ok(range) => Ok(range),
-            Err(AuthFailed) => {
-                if let Some(mut copy) = backup {
-                    if self.open_once(idx, false, &mut copy).is_ok() {
-                        return Err(Error::Truncated { index });
-                    }
-                }
-                Err(Error::SegmentAuth { index })
-            }
-        }
-    }
-}
-
-fn segment_index(index: u64) -> Result<u32> {
-    u32::try_from(index).map_err(|_| Error::InvalidParams("more than 2^32 segments".into()))
-}
+pub use crate::io_util::read_full;
+pub use crate::segment::{
+    segment_nonce, Direction, FileKeys, Layout, SegmentCrypter, NONCE_PREFIX_LEN,
+};
 
 /// Where the engine's time went, summed over its threads and over every
 /// run given the same counters: sealing or opening segments (AES, CPU
@@ -466,29 +153,6 @@ impl<'a> StreamOptions<'a> {
     }
 }
 
-/// Which way the engine runs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Direction {
-    /// Plaintext in, ciphertext segments out.
-    Seal,
-    /// Ciphertext segments in, plaintext out.
-    Open,
-}
-
-/// Reads `buf.len()` bytes unless the input ends first; returns the count.
-pub fn read_full<R: Read + ?Sized>(input: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match input.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
 /// What a chunk's buffer holds before it grows (fourfold at each step, up
 /// to the segment): a small input zeroes and faults in this much, not a
 /// whole segment (1 MiB by default), which cost a one-file run more than
@@ -572,15 +236,6 @@ impl<'r, R: Read> Chunker<'r, R> {
     }
 }
 
-/// Room kept before the input in each buffer: sealing cbc writes its IV
-/// there (the one place for this rule).
-fn input_reserve(direction: Direction, layout: &Layout) -> usize {
-    match (direction, layout.mode) {
-        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
-        _ => 0,
-    }
-}
-
 /// The buffers in circulation for `workers` threads, each holding one
 /// segment: their number bounds the engine's memory. Returns the count and
 /// the pool, already filled.
@@ -659,7 +314,7 @@ fn run_sequential<R: Read, W: Write>(
     output: &mut W,
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
-    let layout = keys.layout;
+    let layout = keys.layout();
     let mut crypter = keys.crypter(backend)?;
     let reserve = input_reserve(direction, &layout);
     let mut chunker = Chunker::new(input);
@@ -711,7 +366,7 @@ fn run_parallel<R: Read, W: Write + Send>(
     output: &mut W,
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
-    let layout = keys.layout;
+    let layout = keys.layout();
     let workers = opts.workers;
     let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
     let (job_tx, job_rx) = bounded::<Chunk>(workers);
@@ -881,7 +536,7 @@ pub fn run_file<W: Write + Send>(
         let mut limited = Read::take(reader, len);
         return run(direction, backend, keys, &mut limited, output, opts);
     }
-    let layout = keys.layout;
+    let layout = keys.layout();
     let first = want(direction, &layout, 0) as u64;
     let rest = want(direction, &layout, 1) as u64;
     let region = Region {
