@@ -5,7 +5,6 @@
 //!
 //! The primitive's items are re-exported here under their former paths.
 
-use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -271,7 +270,13 @@ pub fn run<R: Read, W: Write + Send>(
     if opts.workers <= 1 {
         run_sequential(direction, backend, keys, input, output, opts)
     } else {
-        run_parallel(direction, backend, keys, input, output, opts)
+        let job = Job {
+            direction,
+            backend,
+            keys,
+            opts,
+        };
+        run_parallel(&job, input, output)
     }
 }
 
@@ -340,153 +345,190 @@ fn run_sequential<R: Read, W: Write>(
     }
 }
 
-struct Done {
-    index: u64,
-    last: bool,
-    buf: Vec<u8>,
-    outcome: Result<(Range<usize>, u64)>,
+/// One worker's supply of segments from a segment source: the engine's
+/// workers all run the same loop over a feed, whatever the source.
+trait Feed: Send {
+    /// The next segment and the outcome of reading it, in the order the
+    /// source hands them out; None once all are handed out.
+    fn next(&mut self) -> Option<(Chunk, Result<()>)>;
+
+    /// Takes back the buffer of a segment that has been written.
+    fn recycle(&mut self, buf: Vec<u8>);
 }
 
-impl Done {
-    fn of(chunk: Chunk, outcome: Result<(Range<usize>, u64)>) -> Done {
-        Done {
-            index: chunk.index,
-            last: chunk.last,
-            buf: chunk.buf,
-            outcome,
-        }
+/// Feed from the reader thread of a stream: segments arrive on a channel
+/// and their buffers go back to the reader's pool. Every worker holds a
+/// clone of both ends, so the reader stops once all workers are gone.
+struct ChannelFeed {
+    jobs: crossbeam_channel::Receiver<(Chunk, Result<()>)>,
+    pool: crossbeam_channel::Sender<Vec<u8>>,
+}
+
+impl Feed for ChannelFeed {
+    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
+        self.jobs.recv().ok()
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        // The reader may have stopped already; then nobody needs it.
+        let _ = self.pool.send(buf);
     }
 }
 
-fn run_parallel<R: Read, W: Write + Send>(
+/// Feed from a regular file: the worker takes the next segment index and
+/// reads it itself with a positional read into its own buffer, so reading
+/// is parallel and no buffer changes hands.
+struct RegionFeed<'r, 'f> {
+    region: &'r Region<'f>,
+    buf: Vec<u8>,
+    timings: Option<&'r Timings>,
+}
+
+impl Feed for RegionFeed<'_, '_> {
+    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
+        let mut chunk = self.region.take(std::mem::take(&mut self.buf))?;
+        let read = timed(self.timings, Step::Read, || self.region.read(&mut chunk));
+        Some((chunk, read))
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        self.buf = buf;
+    }
+}
+
+/// What the engine runs: the direction, the keys and how.
+struct Job<'a> {
     direction: Direction,
-    backend: &Arc<dyn Backend>,
-    keys: &FileKeys,
+    backend: &'a Arc<dyn Backend>,
+    keys: &'a FileKeys,
+    opts: &'a StreamOptions<'a>,
+}
+
+/// The reader of a stream, run on the calling thread; told whether the run
+/// has stopped.
+type Reader<'a> = Box<dyn FnOnce(&dyn Fn() -> bool) + 'a>;
+
+/// The one pipeline engine. Each feed gets a worker thread, except that
+/// without a `reader` the calling thread works the first feed itself; with
+/// one, the calling thread runs the reader. A worker seals or opens its
+/// segment and, when all segments before it are written, writes it
+/// ([`Turns`]), so output is strictly in order and nothing after a failed
+/// segment is written.
+fn run_engine<W: Write + Send, F: Feed>(
+    job: &Job<'_>,
+    mut feeds: Vec<F>,
+    output: &mut W,
+    reader: Option<Reader<'_>>,
+) -> Result<u64> {
+    let timings = job.opts.timings;
+    let turns = Turns::new(output, job.opts.progress, timings);
+    let work = |mut feed: F| -> Result<()> {
+        let mut crypter = job.keys.crypter(job.backend)?;
+        let _counted = timings.map(Timings::enter);
+        while !turns.stopped() {
+            let Some((mut chunk, read)) = feed.next() else {
+                break;
+            };
+            let outcome = read.and_then(|()| {
+                timed(timings, Step::Crypto, || {
+                    process(job.direction, &mut crypter, &mut chunk)
+                })
+            });
+            if !turns.write_in_turn(&chunk, outcome) {
+                break;
+            }
+            feed.recycle(chunk.buf);
+        }
+        Ok(())
+    };
+    let mine = if reader.is_none() && !feeds.is_empty() {
+        Some(feeds.remove(0))
+    } else {
+        None
+    };
+    let worker_error = std::thread::scope(|scope| {
+        let others: Vec<_> = feeds
+            .into_iter()
+            .map(|feed| scope.spawn(|| turns.stop_on_unwind(|| work(feed))))
+            .collect();
+        let mut outcomes = Vec::with_capacity(others.len() + 1);
+        if let Some(feed) = mine {
+            outcomes.push(Ok(turns.stop_on_unwind(|| work(feed))));
+        }
+        if let Some(reader) = reader {
+            reader(&|| turns.stopped());
+        }
+        outcomes.extend(others.into_iter().map(|h| h.join()));
+        first_worker_error(outcomes)
+    });
+    turns.finish(worker_error)
+}
+
+/// The first error among the workers' outcomes, a panic counting as one.
+fn first_worker_error(outcomes: Vec<std::thread::Result<Result<()>>>) -> Option<Error> {
+    let mut worker_error = None;
+    for outcome in outcomes {
+        let e = match outcome {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => Error::Backend("worker thread panicked".into()),
+        };
+        worker_error = worker_error.or(Some(e));
+    }
+    worker_error
+}
+
+/// [`run`] on `workers` threads: the calling thread reads segments into
+/// buffers from a bounded pool and hands them to the engine's workers.
+fn run_parallel<R: Read, W: Write + Send>(
+    job: &Job<'_>,
     input: &mut R,
     output: &mut W,
-    opts: &StreamOptions<'_>,
 ) -> Result<u64> {
-    let layout = keys.layout();
-    let workers = opts.workers;
-    let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
-    let (job_tx, job_rx) = bounded::<Chunk>(workers);
-    let (done_tx, done_rx) = bounded::<Done>(buffers);
-    let reserve = input_reserve(direction, &layout);
-    let progress = opts.progress;
-    let timings = opts.timings;
-
-    std::thread::scope(|scope| {
-        let mut worker_handles = Vec::with_capacity(workers);
-        for _ in 0..workers {
-            let job_rx = job_rx.clone();
-            let done_tx = done_tx.clone();
-            worker_handles.push(scope.spawn(move || -> Result<()> {
-                let mut crypter = keys.crypter(backend)?;
-                let _counted = timings.map(Timings::enter);
-                for mut chunk in job_rx {
-                    let outcome = timed(timings, Step::Crypto, || {
-                        process(direction, &mut crypter, &mut chunk)
-                    });
-                    if done_tx.send(Done::of(chunk, outcome)).is_err() {
-                        break;
-                    }
-                }
-                Ok(())
-            }));
-        }
-        drop(job_rx);
-        drop(done_tx);
-
-        let writer =
-            scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress, timings));
-
-        let mut chunker = Chunker::new(input);
-        let mut read_error = None;
+    let layout = job.keys.layout();
+    let workers = job.opts.workers;
+    let (_, pool_tx, pool_rx) = buffer_pool(&layout, workers);
+    let (job_tx, job_rx) = bounded::<(Chunk, Result<()>)>(workers);
+    let feeds: Vec<_> = (0..workers)
+        .map(|_| ChannelFeed {
+            jobs: job_rx.clone(),
+            pool: pool_tx.clone(),
+        })
+        .collect();
+    drop((job_rx, pool_tx));
+    let reserve = input_reserve(job.direction, &layout);
+    let timings = job.opts.timings;
+    let mut chunker = Chunker::new(input);
+    // Moved into the reader, so dropped when it returns: workers waiting
+    // for a segment then learn that there are no more.
+    let read = move |stopped: &dyn Fn() -> bool| {
         while let Ok(buf) = pool_rx.recv() {
-            let want = want(direction, &layout, chunker.index);
-            match timed(timings, Step::Read, || chunker.next(buf, reserve, want)) {
-                Ok(Some(chunk)) => {
-                    if job_tx.send(chunk).is_err() {
-                        break;
-                    }
-                }
+            if stopped() {
+                break;
+            }
+            let index = chunker.index;
+            let want = want(job.direction, &layout, index);
+            let next = timed(timings, Step::Read, || chunker.next(buf, reserve, want));
+            let sent = match next {
+                Ok(Some(chunk)) => job_tx.send((chunk, Ok(()))),
                 Ok(None) => break,
+                // Reported in its place in the order, as that segment's.
                 Err(e) => {
-                    read_error = Some(e);
+                    let chunk = Chunk {
+                        index,
+                        last: true,
+                        buf: Vec::new(),
+                    };
+                    let _ = job_tx.send((chunk, Err(Error::Io(e))));
                     break;
                 }
+            };
+            if sent.is_err() {
+                break;
             }
         }
-        drop(job_tx);
-        drop(pool_rx);
-
-        if let Some(e) = read_error {
-            return Err(Error::Io(e));
-        }
-        join_pipeline(writer, worker_handles)
-    })
-}
-
-/// Writes finished segments strictly in index order, returning buffers to
-/// the pool. Stops at the first failed segment, so nothing after it is
-/// written; succeeds only once the last segment is written.
-fn ordered_writer<W: Write>(
-    done_rx: crossbeam_channel::Receiver<Done>,
-    output: &mut W,
-    pool_tx: &crossbeam_channel::Sender<Vec<u8>>,
-    progress: Option<&(dyn Fn(u64) + Sync)>,
-    timings: Option<&Timings>,
-) -> Result<u64> {
-    let mut pending = BTreeMap::new();
-    let mut next = 0u64;
-    let mut total = 0u64;
-    for done in done_rx {
-        pending.insert(done.index, done);
-        while let Some(done) = pending.remove(&next) {
-            let (range, plain) = done.outcome?;
-            timed(timings, Step::Write, || output.write_all(&done.buf[range]))?;
-            total += plain;
-            if let Some(progress) = progress {
-                progress(total);
-            }
-            if done.last {
-                return Ok(total);
-            }
-            next += 1;
-            // The producers may have stopped already; then nobody needs it.
-            let _ = pool_tx.send(done.buf);
-        }
-    }
-    Err(Error::Io(io::Error::other(
-        "segment pipeline stopped early",
-    )))
-}
-
-/// Joins the writer and the workers; the writer's error wins unless a
-/// worker failed before it could produce anything (e.g. a bad key).
-fn join_pipeline(
-    writer: std::thread::ScopedJoinHandle<'_, Result<u64>>,
-    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<()>>>,
-) -> Result<u64> {
-    let written = writer
-        .join()
-        .unwrap_or_else(|_| Err(Error::Backend("writer thread panicked".into())));
-    let mut worker_error = None;
-    for handle in workers {
-        match handle.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => worker_error = worker_error.or(Some(e)),
-            Err(_) => {
-                worker_error =
-                    worker_error.or(Some(Error::Backend("worker thread panicked".into())))
-            }
-        }
-    }
-    match (written, worker_error) {
-        (Ok(total), _) => Ok(total),
-        (Err(_), Some(e)) => Err(e),
-        (Err(e), None) => Err(e),
-    }
+    };
+    run_engine(job, feeds, output, Some(Box::new(read)))
 }
 
 /// Offset of segment `index` within a region cut into a first segment of
@@ -549,46 +591,20 @@ pub fn run_file<W: Write + Send>(
         reserve: input_reserve(direction, &layout),
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
-    let timings = opts.timings;
-    let turns = Turns::new(output, opts.progress, timings);
-    let work = || -> Result<()> {
-        let mut crypter = keys.crypter(backend)?;
-        let _counted = timings.map(Timings::enter);
-        let mut buf = Vec::with_capacity(layout.segment_size + AES_BLOCK * 2);
-        while !turns.stopped() {
-            let Some(mut chunk) = region.take(buf) else {
-                break;
-            };
-            let outcome = match timed(timings, Step::Read, || region.read(&mut chunk)) {
-                Ok(()) => timed(timings, Step::Crypto, || {
-                    process(direction, &mut crypter, &mut chunk)
-                }),
-                Err(e) => Err(e),
-            };
-            if !turns.write_in_turn(&chunk, outcome) {
-                break;
-            }
-            buf = chunk.buf;
-        }
-        Ok(())
+    let feeds = (0..opts.workers)
+        .map(|_| RegionFeed {
+            region: &region,
+            buf: Vec::with_capacity(layout.segment_size + AES_BLOCK * 2),
+            timings: opts.timings,
+        })
+        .collect();
+    let job = Job {
+        direction,
+        backend,
+        keys,
+        opts,
     };
-    let worker_error = std::thread::scope(|scope| {
-        let mut worker_error = None;
-        let others: Vec<_> = (1..opts.workers)
-            .map(|_| scope.spawn(|| turns.stop_on_unwind(work)))
-            .collect();
-        let mine = turns.stop_on_unwind(work);
-        for outcome in std::iter::once(Ok(mine)).chain(others.into_iter().map(|h| h.join())) {
-            let e = match outcome {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => Error::Backend("worker thread panicked".into()),
-            };
-            worker_error = worker_error.or(Some(e));
-        }
-        worker_error
-    });
-    turns.finish(worker_error)
+    run_engine(&job, feeds, output, None)
 }
 
 /// The segments of a file region, handed out in order to whichever worker
