@@ -17,6 +17,7 @@ pub mod backend;
 pub mod cbc_hmac;
 pub mod error;
 pub mod format;
+pub mod io;
 mod io_util;
 pub mod recipient;
 pub mod recovery;
@@ -27,6 +28,7 @@ pub mod stream;
 
 pub use error::{Error, Result};
 pub use format::{Header, Mode, Params, Stanza};
+pub use io::{StreamReader, StreamWriter};
 pub use recipient::{Identity, Recipient};
 pub use secret::SessionKey;
 pub use session::{Decryptor, Encryptor, SessionCache};

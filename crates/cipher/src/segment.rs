@@ -378,6 +378,11 @@ pub struct SegmentCrypter {
 }
 
 impl SegmentCrypter {
+    /// The layout of the segments this crypter seals and opens.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
     /// Bytes to reserve before the plaintext in a buffer passed to `seal`.
     pub fn reserve(&self) -> usize {
         input_reserve(Direction::Seal, &self.layout)

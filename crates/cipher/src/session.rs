@@ -18,6 +18,7 @@ use zeroize::Zeroizing;
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::format::{Header, Params, HEADER_MAC_LEN};
+use crate::io::{StreamReader, StreamWriter};
 use crate::recipient::{Identity, Recipient};
 use crate::secret::SessionKey;
 use crate::stream::{
@@ -225,6 +226,44 @@ impl Encryptor {
         ends_at(file, end)?;
         timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
+    }
+
+    /// A `Write` that encrypts one file onto `output`, sequentially and in
+    /// constant memory; the header is written now. Call
+    /// [`StreamWriter::finish`] at the end.
+    ///
+    /// ```
+    /// use std::io::{Read, Write};
+    /// use tpmcrypt_cipher::recovery::RecoveryKey;
+    /// use tpmcrypt_cipher::{Decryptor, Encryptor, Mode, Params, Recipient};
+    ///
+    /// let key = RecoveryKey::generate(&mut rand_core::OsRng);
+    /// let to: Vec<Box<dyn Recipient>> = vec![Box::new(key.recipient()?)];
+    /// let encryptor = Encryptor::new(&to, Params::new(Mode::Gcm, 256)?)?;
+    /// let mut writer = encryptor.wrap_output(Vec::new())?;
+    /// writer.write_all(b"written in ")?;
+    /// writer.write_all(b"pieces")?;
+    /// let file = writer.finish()?;
+    ///
+    /// let decryptor = Decryptor::new(vec![Box::new(key.into_identity()?)]);
+    /// let mut plain = String::new();
+    /// decryptor.unwrap_input(&file[..])?.read_to_string(&mut plain)?;
+    /// assert_eq!(plain, "written in pieces");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wrap_output<W: Write>(&self, output: W) -> Result<StreamWriter<W>> {
+        self.wrap_output_with_rng(output, &mut OsRng)
+    }
+
+    /// As [`Encryptor::wrap_output`] with a caller-supplied RNG.
+    pub fn wrap_output_with_rng<W: Write>(
+        &self,
+        mut output: W,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<StreamWriter<W>> {
+        let keys = self.begin_file(&mut output, rng, None)?;
+        let crypter = keys.crypter(&self.backend)?;
+        Ok(StreamWriter::new(output, crypter))
     }
 
     /// Draws the per-file salt and nonce prefix, writes the header and the
@@ -458,6 +497,18 @@ impl Decryptor {
             }
         }
         Err(first_err.unwrap_or(Error::NoMatchingIdentity))
+    }
+
+    /// A `Read` that decrypts the file read from `input`, sequentially and
+    /// in constant memory. The header is read and the session key found
+    /// now; each segment is authenticated before any of its bytes is
+    /// returned (see [`crate::io`] for the errors). Example: see
+    /// [`Encryptor::wrap_output`].
+    pub fn unwrap_input<R: Read>(&self, mut input: R) -> Result<StreamReader<R>> {
+        let header = Header::read_from(&mut input)?;
+        let (backend, keys) = self.begin_payload(&header, &mut input, None)?;
+        let crypter = keys.crypter(&backend)?;
+        Ok(StreamReader::new(input, crypter))
     }
 
     /// Decrypts one file: header, then payload.

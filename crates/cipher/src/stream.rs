@@ -161,21 +161,21 @@ const FIRST_FILL: usize = 64 << 10;
 /// Cuts the input into segment-sized chunks, reading one byte ahead so that
 /// the last chunk is known when it is read (the last-segment flag is part of
 /// the nonce).
-struct Chunker<'r, R: Read> {
-    input: &'r mut R,
+pub(crate) struct Chunker<R: Read> {
+    input: R,
     carry: Option<u8>,
     index: u64,
     done: bool,
 }
 
-struct Chunk {
-    index: u64,
-    last: bool,
-    buf: Vec<u8>,
+pub(crate) struct Chunk {
+    pub(crate) index: u64,
+    pub(crate) last: bool,
+    pub(crate) buf: Vec<u8>,
 }
 
-impl<'r, R: Read> Chunker<'r, R> {
-    fn new(input: &'r mut R) -> Self {
+impl<R: Read> Chunker<R> {
+    pub(crate) fn new(input: R) -> Self {
         Chunker {
             input,
             carry: None,
@@ -186,7 +186,17 @@ impl<'r, R: Read> Chunker<'r, R> {
 
     /// Fills `buf` with `reserve` bytes of room and up to `want` bytes of
     /// input. Returns None once the last chunk has been handed out.
-    fn next(&mut self, mut buf: Vec<u8>, reserve: usize, want: usize) -> io::Result<Option<Chunk>> {
+    /// Index of the chunk `next` hands out.
+    pub(crate) fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub(crate) fn next(
+        &mut self,
+        mut buf: Vec<u8>,
+        reserve: usize,
+        want: usize,
+    ) -> io::Result<Option<Chunk>> {
         if self.done {
             return Ok(None);
         }
@@ -203,7 +213,7 @@ impl<'r, R: Read> Chunker<'r, R> {
             filled += 1;
         }
         loop {
-            filled += read_full(self.input, &mut buf[filled..target])?;
+            filled += read_full(&mut self.input, &mut buf[filled..target])?;
             if filled < target || target == end {
                 break;
             }
@@ -217,7 +227,7 @@ impl<'r, R: Read> Chunker<'r, R> {
             true
         } else {
             let mut one = [0u8; 1];
-            if read_full(self.input, &mut one)? == 1 {
+            if read_full(&mut self.input, &mut one)? == 1 {
                 self.carry = Some(one[0]);
                 false
             } else {
@@ -289,7 +299,7 @@ fn want(direction: Direction, layout: &Layout, index: u64) -> usize {
 
 /// Seals or opens one chunk; returns the range of `buf` to write and the
 /// plaintext byte count.
-fn process(
+pub(crate) fn process(
     direction: Direction,
     crypter: &mut SegmentCrypter,
     chunk: &mut Chunk,
