@@ -7,16 +7,32 @@
 //! backend can never change the file format: the property tests check that all
 //! backends produce identical bytes for identical inputs and randomness.
 
+//!
+//! Each backend sits behind the cargo feature of its name (`openssl`,
+//! `ring`, `rustcrypto`); all three are on by default, as the command line
+//! offers `--backend` and the fastest one differs by mode and key size. Any
+//! non-empty subset builds; a backend left out is a clear error from
+//! [`by_name`].
+
+#[cfg(not(any(feature = "openssl", feature = "ring", feature = "rustcrypto")))]
+compile_error!("tpmcrypt-cipher needs at least one backend feature: openssl, ring or rustcrypto");
+
+#[cfg(feature = "openssl")]
 mod openssl_evp;
+#[cfg(feature = "ring")]
 mod ring_gcm;
+#[cfg(feature = "rustcrypto")]
 mod rustcrypto;
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "openssl")]
 pub use openssl_evp::OpenSsl;
+#[cfg(feature = "ring")]
 pub use ring_gcm::Ring;
+#[cfg(feature = "rustcrypto")]
 pub use rustcrypto::RustCrypto;
 
 /// Length of a GCM tag in bytes.
@@ -109,39 +125,70 @@ pub trait Backend: Send + Sync {
     fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
-/// Names accepted by [`by_name`].
+/// Names of every backend there is, compiled in or not.
 pub const NAMES: [&str; 3] = ["openssl", "ring", "rustcrypto"];
+
+/// The backend of `name` if this build has it compiled in.
+fn compiled(name: &str) -> Option<Arc<dyn Backend>> {
+    match name {
+        #[cfg(feature = "openssl")]
+        "openssl" => Some(Arc::new(OpenSsl)),
+        #[cfg(feature = "ring")]
+        "ring" => Some(Arc::new(Ring)),
+        #[cfg(feature = "rustcrypto")]
+        "rustcrypto" => Some(Arc::new(RustCrypto)),
+        _ => None,
+    }
+}
 
 /// All backends compiled in.
 pub fn all() -> Vec<Arc<dyn Backend>> {
-    vec![Arc::new(OpenSsl), Arc::new(Ring), Arc::new(RustCrypto)]
+    NAMES.iter().filter_map(|name| compiled(name)).collect()
 }
 
-/// Looks a backend up by name.
+/// Looks a backend up by name. A known backend left out of this build is
+/// an [`Error::InvalidParams`] that says so.
 pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
-    match name {
-        "openssl" => Ok(Arc::new(OpenSsl)),
-        "ring" => Ok(Arc::new(Ring)),
-        "rustcrypto" => Ok(Arc::new(RustCrypto)),
-        other => Err(Error::InvalidParams(format!(
-            "unknown backend {other:?} (known: {})",
-            NAMES.join(", ")
-        ))),
+    if let Some(backend) = compiled(name) {
+        return Ok(backend);
     }
+    let built: Vec<_> = all().iter().map(|b| b.name()).collect();
+    if NAMES.contains(&name) {
+        return Err(Error::InvalidParams(format!(
+            "backend {name:?} is not compiled into this build (compiled in: {})",
+            built.join(", ")
+        )));
+    }
+    Err(Error::InvalidParams(format!(
+        "unknown backend {name:?} (known: {})",
+        built.join(", ")
+    )))
 }
 
 /// The default backend for a payload mode and key size: the fastest correct
-/// one, by measurement on x86-64 with AES-NI and CLMUL (`examples/backend_speed.rs`;
-/// figures in `docs/format.md`, "Backends"): ring for AES-GCM with 128- and
-/// 256-bit keys, OpenSSL for CBC and for 192-bit keys, which ring does not
-/// implement. All backends write identical bytes, so this is only speed.
+/// one compiled in, by measurement on x86-64 with AES-NI and CLMUL
+/// (`examples/backend_speed.rs`; figures in `docs/format.md`, "Backends"):
+/// ring for AES-GCM with 128- and 256-bit keys, OpenSSL for CBC and for
+/// 192-bit keys, which ring does not implement, then RustCrypto. All
+/// backends write identical bytes, so this is only speed.
 pub fn default_for(mode: crate::Mode, key_len: usize) -> Arc<dyn Backend> {
-    match mode {
-        crate::Mode::Gcm if Ring.supports_gcm(key_len) => Arc::new(Ring),
-        _ => Arc::new(OpenSsl),
+    let order: [&str; 3] = match mode {
+        crate::Mode::Gcm => ["ring", "openssl", "rustcrypto"],
+        crate::Mode::Cbc => ["openssl", "rustcrypto", "ring"],
+    };
+    let can = |b: &Arc<dyn Backend>| match mode {
+        crate::Mode::Gcm => b.supports_gcm(key_len),
+        crate::Mode::Cbc => b.supports_cbc(),
+    };
+    let built: Vec<_> = order.iter().filter_map(|name| compiled(name)).collect();
+    // With no backend able to, the first one's error says why at first use.
+    match built.iter().find(|b| can(b)) {
+        Some(b) => b.clone(),
+        None => built[0].clone(),
     }
 }
 
+#[cfg(any(feature = "openssl", feature = "rustcrypto"))]
 pub(crate) fn check_aes_key(backend: &'static str, key: &[u8]) -> Result<()> {
     match key.len() {
         16 | 24 | 32 => Ok(()),
