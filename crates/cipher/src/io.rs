@@ -11,6 +11,37 @@
 //! cores, use [`Encryptor::encrypt`] and [`Decryptor::decrypt`], which run
 //! the parallel engine and write the same bytes.
 //!
+//! ```
+//! use std::io::{Read, Write};
+//! use tpmcrypt_cipher::io::cipher_error;
+//! use tpmcrypt_cipher::recovery::RecoveryKey;
+//! use tpmcrypt_cipher::{Decryptor, Encryptor, Error, Mode, Params, Recipient};
+//!
+//! let key = RecoveryKey::generate(&mut rand_core::OsRng);
+//! let to: Vec<Box<dyn Recipient>> = vec![Box::new(key.recipient()?)];
+//! let params = Params::new(Mode::Cbc, 128)?.with_segment_size(4096)?;
+//! let encryptor = Encryptor::new(&to, params)?;
+//! let mut writer = encryptor.wrap_output(Vec::new())?;
+//! for line in 0..1000 {
+//!     writeln!(writer, "line {line}")?;
+//! }
+//! let mut file = writer.finish()?;
+//!
+//! let decryptor = Decryptor::new(vec![Box::new(key.into_identity()?)]);
+//! let mut text = String::new();
+//! decryptor.unwrap_input(&file[..])?.read_to_string(&mut text)?;
+//! assert_eq!(text.lines().nth(999), Some("line 999"));
+//!
+//! // Cut off the last segment: reading fails, it does not end early.
+//! file.truncate(file.len() - 100);
+//! let err = decryptor
+//!     .unwrap_input(&file[..])?
+//!     .read_to_end(&mut Vec::new())
+//!     .unwrap_err();
+//! assert!(cipher_error(&err).is_some_and(Error::is_integrity));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! [`Encryptor::wrap_output`]: crate::Encryptor::wrap_output
 //! [`Decryptor::unwrap_input`]: crate::Decryptor::unwrap_input
 //! [`Encryptor::encrypt`]: crate::Encryptor::encrypt
