@@ -5,6 +5,7 @@
 //!
 //! The primitive's items are re-exported here under their former paths.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -358,6 +359,10 @@ fn run_sequential<R: Read, W: Write>(
 /// One worker's supply of segments from a segment source: the engine's
 /// workers all run the same loop over a feed, whatever the source.
 trait Feed: Send {
+    /// Whether a worker may leave a finished segment for another to write
+    /// and go on: yes when the buffers belong to a pool.
+    const MAY_LEAVE: bool;
+
     /// The next segment and the outcome of reading it, in the order the
     /// source hands them out; None once all are handed out.
     fn next(&mut self) -> Option<(Chunk, Result<()>)>;
@@ -375,6 +380,8 @@ struct ChannelFeed {
 }
 
 impl Feed for ChannelFeed {
+    const MAY_LEAVE: bool = true;
+
     fn next(&mut self) -> Option<(Chunk, Result<()>)> {
         self.jobs.recv().ok()
     }
@@ -395,6 +402,9 @@ struct RegionFeed<'r, 'f> {
 }
 
 impl Feed for RegionFeed<'_, '_> {
+    // A worker keeps its one buffer, and its segment in its core's cache.
+    const MAY_LEAVE: bool = false;
+
     fn next(&mut self) -> Option<(Chunk, Result<()>)> {
         let mut chunk = self.region.take(std::mem::take(&mut self.buf))?;
         let read = timed(self.timings, Step::Read, || self.region.read(&mut chunk));
@@ -421,20 +431,25 @@ type Reader<'a> = Box<dyn FnOnce(&dyn Fn() -> bool) + 'a>;
 /// The one pipeline engine. Each feed gets a worker thread, except that
 /// without a `reader` the calling thread works the first feed itself; with
 /// one, the calling thread runs the reader. A worker seals or opens its
-/// segment and, when all segments before it are written, writes it
-/// ([`Turns`]), so output is strictly in order and nothing after a failed
-/// segment is written.
+/// segment and hands it in ([`Turns::hand_in`]): segments are written
+/// strictly in order, by the worker whose turn it is, and nothing after a
+/// failed segment is written.
 fn run_engine<W: Write + Send, F: Feed>(
     job: &Job<'_>,
-    mut feeds: Vec<F>,
+    feeds: Vec<F>,
     output: &mut W,
     reader: Option<Reader<'_>>,
 ) -> Result<u64> {
     let timings = job.opts.timings;
     let turns = Turns::new(output, job.opts.progress, timings);
-    let work = |mut feed: F| -> Result<()> {
+    // Every worker counts as sealing or opening from the start of the run
+    // until it ends, also one whose thread starts after a quick run is over.
+    let mut feeds: Vec<_> = feeds
+        .into_iter()
+        .map(|feed| (feed, timings.map(Timings::enter)))
+        .collect();
+    let work = |(mut feed, _counted): (F, Option<ThreadGuard<'_>>)| -> Result<()> {
         let mut crypter = job.keys.crypter(job.backend)?;
-        let _counted = timings.map(Timings::enter);
         while !turns.stopped() {
             let Some((mut chunk, read)) = feed.next() else {
                 break;
@@ -444,10 +459,10 @@ fn run_engine<W: Write + Send, F: Feed>(
                     process(job.direction, &mut crypter, &mut chunk)
                 })
             });
-            if !turns.write_in_turn(&chunk, outcome) {
-                break;
+            match turns.hand_in(chunk, outcome, F::MAY_LEAVE) {
+                Handed::Stop => break,
+                Handed::Go(spent) => spent.into_iter().for_each(|buf| feed.recycle(buf)),
             }
-            feed.recycle(chunk.buf);
         }
         Ok(())
     };
@@ -681,6 +696,20 @@ struct TurnState<'o, W> {
     next: u64,
     total: u64,
     outcome: Option<Result<u64>>,
+    /// Segments handed in before their turn, by workers that went on.
+    pending: BTreeMap<u64, (Chunk, Outcome)>,
+}
+
+/// A sealed or opened segment: the range of its buffer to write and its
+/// plaintext byte count, or why it failed.
+type Outcome = Result<(Range<usize>, u64)>;
+
+/// What a worker does after handing in a segment.
+enum Handed {
+    /// Go on, recycling these buffers (its own and any it wrote for others).
+    Go(Vec<Vec<u8>>),
+    /// The run is over (done or failed).
+    Stop,
 }
 
 impl<'o, W: Write> Turns<'o, W> {
@@ -695,6 +724,7 @@ impl<'o, W: Write> Turns<'o, W> {
                 next: 0,
                 total: 0,
                 outcome: None,
+                pending: BTreeMap::new(),
             }),
             turn: std::sync::Condvar::new(),
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -720,16 +750,38 @@ impl<'o, W: Write> Turns<'o, W> {
         self.turn.notify_all();
     }
 
-    /// Waits until every segment before `chunk` is written, then writes it
-    /// (or, if it failed, stops the run). Returns whether to go on.
-    fn write_in_turn(&self, chunk: &Chunk, outcome: Result<(Range<usize>, u64)>) -> bool {
+    /// Hands in a finished segment. If it is not its turn yet and the
+    /// worker `may_leave` it (its buffer belongs to a pool, not to the
+    /// worker), it is kept for whoever writes the segment before it, and the
+    /// worker goes on; otherwise the worker waits for its turn. The worker
+    /// whose turn it is writes its segment and then every kept one that
+    /// follows it in order.
+    fn hand_in(&self, chunk: Chunk, outcome: Outcome, may_leave: bool) -> Handed {
         let mut state = self.lock();
+        if may_leave && state.next != chunk.index && state.outcome.is_none() {
+            state.pending.insert(chunk.index, (chunk, outcome));
+            return Handed::Go(Vec::new());
+        }
         while state.next != chunk.index && state.outcome.is_none() {
             state = self.turn.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        if state.outcome.is_some() {
-            return false;
+        let mut spent = Vec::new();
+        let mut item = Some((chunk, outcome));
+        while let Some((chunk, outcome)) = item.take() {
+            if state.outcome.is_some() || !self.write_one(&mut state, &chunk, outcome) {
+                return Handed::Stop;
+            }
+            spent.push(chunk.buf);
+            let next = state.next;
+            item = state.pending.remove(&next);
         }
+        self.turn.notify_all();
+        Handed::Go(spent)
+    }
+
+    /// Writes the segment whose turn it is (or, if it failed, stops the
+    /// run). Returns whether to go on.
+    fn write_one(&self, state: &mut TurnState<'o, W>, chunk: &Chunk, outcome: Outcome) -> bool {
         let timings = self.timings;
         let written = outcome.and_then(|(range, plain)| {
             timed(timings, Step::Write, || {
@@ -746,14 +798,13 @@ impl<'o, W: Write> Turns<'o, W> {
                 state.next += 1;
                 if chunk.last {
                     let total = state.total;
-                    self.stop(&mut state, Ok(total));
+                    self.stop(state, Ok(total));
                     return false;
                 }
-                self.turn.notify_all();
                 true
             }
             Err(e) => {
-                self.stop(&mut state, Err(e));
+                self.stop(state, Err(e));
                 false
             }
         }
