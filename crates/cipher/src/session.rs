@@ -15,7 +15,7 @@ use rand_core::{CryptoRngCore, OsRng};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::backend::{self, Backend};
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::format::{Header, Params, HEADER_MAC_LEN};
 use crate::io::{StreamReader, StreamWriter};
@@ -82,7 +82,7 @@ impl Encryptor {
         header.extend_from_slice(&mac);
         Ok(Encryptor {
             layout,
-            backend: backend::default_for(params.mode, params.key_len),
+            backend: params.default_backend(),
             session_key,
             header,
         })
@@ -126,7 +126,7 @@ impl Encryptor {
         verify_header(&parsed, &session_key)?;
         Ok(Encryptor {
             layout: Layout::new(&params)?,
-            backend: backend::default_for(params.mode, params.key_len),
+            backend: params.default_backend(),
             session_key,
             header: header.to_vec(),
         })
@@ -398,7 +398,7 @@ impl Decryptor {
         }
     }
 
-    /// Forces a backend (default: [`backend::default_for`] the file's mode).
+    /// Forces a backend (default: [`Params::default_backend`] of the file).
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = Some(backend);
         self
@@ -585,7 +585,7 @@ impl Decryptor {
         let backend = self
             .backend
             .clone()
-            .unwrap_or_else(|| backend::default_for(header.params.mode, header.params.key_len));
+            .unwrap_or_else(|| header.params.default_backend());
         let mut stream_header = vec![0u8; layout.stream_header_len()];
         let got = timed(timings, Step::Read, || {
             stream::read_full(input, &mut stream_header)

@@ -3,7 +3,7 @@
 //! Every backend provides the same four primitives: AES-GCM with a 96-bit
 //! nonce, AES-CBC with PKCS#7 padding, HMAC-SHA2 and HKDF-SHA256. The
 //! constructions built from them (the Tink-compatible GCM stream, the RFC 7518
-//! CBC-HMAC composition) live once, in [`crate::stream`], so swapping a
+//! CBC-HMAC composition) live once, in [`crate::segment`], so swapping a
 //! backend can never change the file format: the property tests check that all
 //! backends produce identical bytes for identical inputs and randomness.
 
@@ -82,7 +82,7 @@ pub trait GcmKey: Send {
 }
 
 /// An AES-CBC key with PKCS#7 padding. Never used on its own: only inside the
-/// encrypt-then-MAC composition in [`crate::stream`].
+/// encrypt-then-MAC composition in [`crate::segment`].
 pub trait CbcKey: Send {
     /// Encrypts `buf[start..]` in place, growing `buf` by the padding.
     fn encrypt(&mut self, iv: &[u8; AES_BLOCK], buf: &mut Vec<u8>, start: usize) -> Result<()>;
@@ -129,7 +129,7 @@ pub trait Backend: Send + Sync {
 pub const NAMES: [&str; 3] = ["openssl", "ring", "rustcrypto"];
 
 /// The backend of `name` if this build has it compiled in.
-fn compiled(name: &str) -> Option<Arc<dyn Backend>> {
+pub(crate) fn compiled(name: &str) -> Option<Arc<dyn Backend>> {
     match name {
         #[cfg(feature = "openssl")]
         "openssl" => Some(Arc::new(OpenSsl)),
@@ -165,29 +165,6 @@ pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
     )))
 }
 
-/// The default backend for a payload mode and key size: the fastest correct
-/// one compiled in, by measurement on x86-64 with AES-NI and CLMUL
-/// (`examples/backend_speed.rs`; figures in `docs/format.md`, "Backends"):
-/// ring for AES-GCM with 128- and 256-bit keys, OpenSSL for CBC and for
-/// 192-bit keys, which ring does not implement, then RustCrypto. All
-/// backends write identical bytes, so this is only speed.
-pub fn default_for(mode: crate::Mode, key_len: usize) -> Arc<dyn Backend> {
-    let order: [&str; 3] = match mode {
-        crate::Mode::Gcm => ["ring", "openssl", "rustcrypto"],
-        crate::Mode::Cbc => ["openssl", "rustcrypto", "ring"],
-    };
-    let can = |b: &Arc<dyn Backend>| match mode {
-        crate::Mode::Gcm => b.supports_gcm(key_len),
-        crate::Mode::Cbc => b.supports_cbc(),
-    };
-    let built: Vec<_> = order.iter().filter_map(|name| compiled(name)).collect();
-    // With no backend able to, the first one's error says why at first use.
-    match built.iter().find(|b| can(b)) {
-        Some(b) => b.clone(),
-        None => built[0].clone(),
-    }
-}
-
 #[cfg(any(feature = "openssl", feature = "rustcrypto"))]
 pub(crate) fn check_aes_key(backend: &'static str, key: &[u8]) -> Result<()> {
     match key.len() {
@@ -196,5 +173,40 @@ pub(crate) fn check_aes_key(backend: &'static str, key: &[u8]) -> Result<()> {
             "{backend}: AES key must be 16, 24 or 32 bytes, got {}",
             key.len()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In every feature subset: a compiled-in backend is found by name, a
+    /// known one left out is an error that says so, an unknown one is
+    /// unknown, and `all` lists exactly the compiled-in ones.
+    #[test]
+    fn by_name_tells_left_out_from_unknown() {
+        for name in NAMES {
+            let built = match name {
+                "openssl" => cfg!(feature = "openssl"),
+                "ring" => cfg!(feature = "ring"),
+                _ => cfg!(feature = "rustcrypto"),
+            };
+            match by_name(name) {
+                Ok(b) => assert!(built && b.name() == name, "{name}"),
+                Err(e) => {
+                    assert!(!built, "{name}: {e}");
+                    assert!(matches!(e, Error::InvalidParams(_)));
+                    assert!(
+                        e.to_string().contains("not compiled into this build"),
+                        "{e}"
+                    );
+                }
+            }
+            assert_eq!(all().iter().any(|b| b.name() == name), built, "{name}");
+        }
+        match by_name("aesni") {
+            Err(e) => assert!(e.to_string().contains("unknown backend"), "{e}"),
+            Ok(b) => panic!("found {}", b.name()),
+        }
     }
 }
