@@ -7,6 +7,9 @@ use std::io::Read;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::io_util::read_full;
+
+pub use crate::segment::{Mode, Params, DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE};
 
 /// First eight bytes of every tpmcrypt file (PNG-style: a high byte to catch
 /// 7-bit transfers, CR LF and ^Z to catch newline and EOF translation).
@@ -19,121 +22,11 @@ pub const HEADER_MAC_LEN: usize = 32;
 pub const MAX_STANZAS: usize = 64;
 /// Largest stanza body accepted.
 pub const MAX_STANZA_BODY: usize = 4096;
-/// Largest ciphertext segment accepted (bounds memory on hostile input).
-pub const MAX_SEGMENT_SIZE: u32 = 16 << 20;
-/// Default ciphertext segment size: 1 MiB, Tink's `AES*_GCM_HKDF_1MB`.
-pub const DEFAULT_SEGMENT_SIZE: u32 = 1 << 20;
 
 /// Length of a key fingerprint carried at the start of every stanza body.
 pub const FINGERPRINT_LEN: usize = 16;
 
 const FIXED_LEN: usize = 16;
-
-/// Payload mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// Segmented AES-GCM, byte-compatible with Tink's AES-GCM-HKDF streaming AEAD.
-    Gcm,
-    /// Segmented AES-CBC with HMAC-SHA2 (RFC 7518 §5.2), encrypt-then-MAC.
-    Cbc,
-}
-
-impl Mode {
-    fn to_byte(self) -> u8 {
-        match self {
-            Mode::Gcm => 1,
-            Mode::Cbc => 2,
-        }
-    }
-
-    fn from_byte(b: u8) -> Result<Self> {
-        match b {
-            1 => Ok(Mode::Gcm),
-            2 => Ok(Mode::Cbc),
-            other => Err(Error::malformed(format!("unknown payload mode {other}"))),
-        }
-    }
-
-    /// Lower-case name used on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Gcm => "gcm",
-            Mode::Cbc => "cbc",
-        }
-    }
-}
-
-impl std::str::FromStr for Mode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "gcm" => Ok(Mode::Gcm),
-            "cbc" => Ok(Mode::Cbc),
-            other => Err(Error::InvalidParams(format!(
-                "unknown mode {other:?} (gcm or cbc)"
-            ))),
-        }
-    }
-}
-
-/// Payload parameters fixed per file (and per session).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Params {
-    /// Payload mode.
-    pub mode: Mode,
-    /// AES key length in bytes: 16, 24 or 32.
-    pub key_len: usize,
-    /// Ciphertext segment size in bytes.
-    pub segment_size: u32,
-}
-
-impl Params {
-    /// Parameters with the default segment size for the mode and key size.
-    pub fn new(mode: Mode, key_bits: u32) -> Result<Self> {
-        let key_len = match key_bits {
-            128 => 16,
-            192 => 24,
-            256 => 32,
-            other => {
-                return Err(Error::InvalidParams(format!(
-                    "key size must be 128, 192 or 256 bits, not {other}"
-                )))
-            }
-        };
-        let segment_size = match (mode, key_len) {
-            // CBC segments hold whole blocks: (size - tag) must be a multiple
-            // of 16, and the HS384 tag is 24 bytes.
-            (Mode::Cbc, 24) => DEFAULT_SEGMENT_SIZE - 8,
-            _ => DEFAULT_SEGMENT_SIZE,
-        };
-        let params = Params {
-            mode,
-            key_len,
-            segment_size,
-        };
-        params.validate()?;
-        Ok(params)
-    }
-
-    /// Same parameters with another ciphertext segment size (tests and
-    /// benchmarks use small segments).
-    pub fn with_segment_size(mut self, segment_size: u32) -> Result<Self> {
-        self.segment_size = segment_size;
-        self.validate()?;
-        Ok(self)
-    }
-
-    /// Key size in bits.
-    pub fn key_bits(&self) -> u32 {
-        (self.key_len * 8) as u32
-    }
-
-    /// Checks that the parameters describe a well-formed payload; every rule
-    /// about segment sizes lives in [`crate::stream::Layout::new`].
-    pub fn validate(&self) -> Result<()> {
-        crate::stream::Layout::new(self).map(|_| ())
-    }
-}
 
 /// One recipient's wrapped copy of the session key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,7 +200,7 @@ fn read_exact_or<R: Read + ?Sized>(
     buf: &mut [u8],
     on_eof: impl FnOnce() -> Error,
 ) -> Result<()> {
-    let n = crate::stream::read_full(input, buf)?;
+    let n = read_full(input, buf)?;
     if n < buf.len() {
         return Err(on_eof());
     }

@@ -15,9 +15,10 @@ use rand_core::{CryptoRngCore, OsRng};
 use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
-use crate::backend::{self, Backend};
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::format::{Header, Params, HEADER_MAC_LEN};
+use crate::io::{StreamReader, StreamWriter};
 use crate::recipient::{Identity, Recipient};
 use crate::secret::SessionKey;
 use crate::stream::{
@@ -81,7 +82,7 @@ impl Encryptor {
         header.extend_from_slice(&mac);
         Ok(Encryptor {
             layout,
-            backend: backend::default_for(params.mode, params.key_len),
+            backend: params.default_backend(),
             session_key,
             header,
         })
@@ -125,7 +126,7 @@ impl Encryptor {
         verify_header(&parsed, &session_key)?;
         Ok(Encryptor {
             layout: Layout::new(&params)?,
-            backend: backend::default_for(params.mode, params.key_len),
+            backend: params.default_backend(),
             session_key,
             header: header.to_vec(),
         })
@@ -225,6 +226,44 @@ impl Encryptor {
         ends_at(file, end)?;
         timed(opts.timings, Step::Write, || output.flush())?;
         Ok(n)
+    }
+
+    /// A `Write` that encrypts one file onto `output`, sequentially and in
+    /// constant memory; the header is written now. Call
+    /// [`StreamWriter::finish`] at the end.
+    ///
+    /// ```
+    /// use std::io::{Read, Write};
+    /// use tpmcrypt_cipher::recovery::RecoveryKey;
+    /// use tpmcrypt_cipher::{Decryptor, Encryptor, Mode, Params, Recipient};
+    ///
+    /// let key = RecoveryKey::generate(&mut rand_core::OsRng);
+    /// let to: Vec<Box<dyn Recipient>> = vec![Box::new(key.recipient()?)];
+    /// let encryptor = Encryptor::new(&to, Params::new(Mode::Gcm, 256)?)?;
+    /// let mut writer = encryptor.wrap_output(Vec::new())?;
+    /// writer.write_all(b"written in ")?;
+    /// writer.write_all(b"pieces")?;
+    /// let file = writer.finish()?;
+    ///
+    /// let decryptor = Decryptor::new(vec![Box::new(key.into_identity()?)]);
+    /// let mut plain = String::new();
+    /// decryptor.unwrap_input(&file[..])?.read_to_string(&mut plain)?;
+    /// assert_eq!(plain, "written in pieces");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wrap_output<W: Write>(&self, output: W) -> Result<StreamWriter<W>> {
+        self.wrap_output_with_rng(output, &mut OsRng)
+    }
+
+    /// As [`Encryptor::wrap_output`] with a caller-supplied RNG.
+    pub fn wrap_output_with_rng<W: Write>(
+        &self,
+        mut output: W,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<StreamWriter<W>> {
+        let keys = self.begin_file(&mut output, rng, None)?;
+        let crypter = keys.crypter(&self.backend)?;
+        Ok(StreamWriter::new(output, crypter))
     }
 
     /// Draws the per-file salt and nonce prefix, writes the header and the
@@ -359,7 +398,7 @@ impl Decryptor {
         }
     }
 
-    /// Forces a backend (default: [`backend::default_for`] the file's mode).
+    /// Forces a backend (default: [`Params::default_backend`] of the file).
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = Some(backend);
         self
@@ -460,6 +499,18 @@ impl Decryptor {
         Err(first_err.unwrap_or(Error::NoMatchingIdentity))
     }
 
+    /// A `Read` that decrypts the file read from `input`, sequentially and
+    /// in constant memory. The header is read and the session key found
+    /// now; each segment is authenticated before any of its bytes is
+    /// returned (see [`crate::io`] for the errors). Example: see
+    /// [`Encryptor::wrap_output`].
+    pub fn unwrap_input<R: Read>(&self, mut input: R) -> Result<StreamReader<R>> {
+        let header = Header::read_from(&mut input)?;
+        let (backend, keys) = self.begin_payload(&header, &mut input, None)?;
+        let crypter = keys.crypter(&backend)?;
+        Ok(StreamReader::new(input, crypter))
+    }
+
     /// Decrypts one file: header, then payload.
     pub fn decrypt<R: Read, W: Write + Send>(
         &self,
@@ -534,7 +585,7 @@ impl Decryptor {
         let backend = self
             .backend
             .clone()
-            .unwrap_or_else(|| backend::default_for(header.params.mode, header.params.key_len));
+            .unwrap_or_else(|| header.params.default_backend());
         let mut stream_header = vec![0u8; layout.stream_header_len()];
         let got = timed(timings, Step::Read, || {
             stream::read_full(input, &mut stream_header)

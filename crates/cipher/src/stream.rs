@@ -1,20 +1,9 @@
-//! The segmented payload: layout, per-file keys, and the streaming engine
-//! (a reader, N workers, an ordered writer) that runs it in constant memory.
+//! The segment pipeline engine: runs the segments of one payload through
+//! the stateless primitive of [`crate::segment`] on N workers in constant
+//! memory, writing them strictly in order. Its segment source is a reader
+//! thread for streams or positional reads for regular files.
 //!
-//! The `gcm` payload is Tink's AES-GCM-HKDF streaming AEAD, byte for byte:
-//!
-//! ```text
-//! stream header = len (1 byte) ‖ salt (key_len bytes) ‖ nonce prefix (7 bytes)
-//! file key      = HKDF-SHA256(ikm = session key, salt, info = tpmcrypt header, key_len)
-//! nonce_i       = prefix ‖ BE32(i) ‖ (i is last ? 0x01 : 0x00)
-//! segment_i     = AES-GCM(file key, nonce_i, aad = ∅, plaintext_i)   (ciphertext ‖ tag)
-//! ```
-//!
-//! Segment 0 is shorter by the stream header so that every ciphertext
-//! segment, header included, is `segment_size` bytes. The `cbc` payload uses
-//! the same stream header and nonce bytes, but each segment is an RFC 7518
-//! AES_CBC_HMAC_SHA2 ciphertext `IV ‖ E ‖ T` with `nonce_i` as associated
-//! data, so position and the last-segment flag are authenticated.
+//! The primitive's items are re-exported here under their former paths.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -24,317 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
-use zeroize::Zeroizing;
 
-use crate::backend::{AuthFailed, Backend, GcmKey, Hash, AES_BLOCK, GCM_NONCE_LEN, GCM_TAG_LEN};
-use crate::cbc_hmac::CbcHmac;
+use crate::backend::{Backend, AES_BLOCK};
 use crate::error::{Error, Result};
-use crate::format::{Mode, Params, MAX_SEGMENT_SIZE};
+use crate::segment::input_reserve;
 
-/// Length of the nonce prefix in the stream header.
-pub const NONCE_PREFIX_LEN: usize = 7;
-
-/// Where segments start and how long they are, derived from [`Params`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Payload mode.
-    pub mode: Mode,
-    /// AES key length in bytes.
-    pub key_len: usize,
-    /// Ciphertext segment size in bytes.
-    pub segment_size: usize,
-}
-
-impl Layout {
-    /// Validates `params` and returns the layout. The one place for the rules
-    /// on segment sizes.
-    pub fn new(params: &Params) -> Result<Self> {
-        if !matches!(params.key_len, 16 | 24 | 32) {
-            return Err(Error::InvalidParams(format!(
-                "invalid key length {}",
-                params.key_len
-            )));
-        }
-        let layout = Layout {
-            mode: params.mode,
-            key_len: params.key_len,
-            segment_size: params.segment_size as usize,
-        };
-        if params.segment_size > MAX_SEGMENT_SIZE {
-            return Err(Error::InvalidParams(format!(
-                "segment size {} exceeds {MAX_SEGMENT_SIZE}",
-                params.segment_size
-            )));
-        }
-        // Segment 0 must hold at least one plaintext byte.
-        let min = match layout.mode {
-            Mode::Gcm => layout.stream_header_len() + GCM_TAG_LEN + 1,
-            Mode::Cbc => layout.cbc_overhead() + AES_BLOCK,
-        };
-        if layout.segment_size < min {
-            return Err(Error::InvalidParams(format!(
-                "segment size {} is below the minimum {min}",
-                layout.segment_size
-            )));
-        }
-        if layout.mode == Mode::Cbc
-            && (layout.segment_size - CbcHmac::tag_len_for(layout.key_len)) % AES_BLOCK != 0
-        {
-            return Err(Error::InvalidParams(format!(
-                "cbc segment size {} minus the {}-byte tag must be a multiple of 16",
-                layout.segment_size,
-                CbcHmac::tag_len_for(layout.key_len)
-            )));
-        }
-        Ok(layout)
-    }
-
-    /// Length of the stream header: length byte, salt, nonce prefix.
-    pub fn stream_header_len(&self) -> usize {
-        1 + self.key_len + NONCE_PREFIX_LEN
-    }
-
-    /// IV, one block of padding at most, and the tag.
-    fn cbc_overhead(&self) -> usize {
-        AES_BLOCK + AES_BLOCK + CbcHmac::tag_len_for(self.key_len)
-    }
-
-    /// Bytes by which segment 0 is shortened (Tink counts the stream header
-    /// as part of the first segment; the cbc payload does not).
-    fn first_cut(&self) -> usize {
-        match self.mode {
-            Mode::Gcm => self.stream_header_len(),
-            Mode::Cbc => 0,
-        }
-    }
-
-    /// Ciphertext length of a full segment `index`.
-    pub fn ciphertext_segment_len(&self, index: u64) -> usize {
-        if index == 0 {
-            self.segment_size - self.first_cut()
-        } else {
-            self.segment_size
-        }
-    }
-
-    /// Plaintext length of a full segment `index`.
-    pub fn plaintext_segment_len(&self, index: u64) -> usize {
-        let overhead = match self.mode {
-            Mode::Gcm => GCM_TAG_LEN,
-            Mode::Cbc => self.cbc_overhead(),
-        };
-        self.ciphertext_segment_len(index) - overhead
-    }
-
-    /// Ciphertext length of a segment holding `plaintext_len` bytes.
-    pub fn sealed_len(&self, plaintext_len: usize) -> usize {
-        match self.mode {
-            Mode::Gcm => plaintext_len + GCM_TAG_LEN,
-            Mode::Cbc => {
-                AES_BLOCK
-                    + (plaintext_len / AES_BLOCK + 1) * AES_BLOCK
-                    + CbcHmac::tag_len_for(self.key_len)
-            }
-        }
-    }
-
-    /// Total payload length (stream header and all segments) for a
-    /// plaintext of `len` bytes.
-    pub fn payload_len(&self, len: u64) -> u64 {
-        let mut total = self.stream_header_len() as u64;
-        let mut left = len;
-        let mut index = 0u64;
-        loop {
-            let full = self.plaintext_segment_len(index) as u64;
-            if left <= full {
-                return total + self.sealed_len(left as usize) as u64;
-            }
-            total += self.ciphertext_segment_len(index) as u64;
-            left -= full;
-            index += 1;
-        }
-    }
-
-    /// Length of the derived key material: the AES-GCM key, or for cbc the
-    /// RFC 7518 composite key (MAC_KEY ‖ ENC_KEY) followed by a 32-byte
-    /// IV-derivation key.
-    pub fn key_material_len(&self) -> usize {
-        match self.mode {
-            Mode::Gcm => self.key_len,
-            Mode::Cbc => 2 * self.key_len + IV_KEY_LEN,
-        }
-    }
-}
-
-const IV_KEY_LEN: usize = 32;
-
-/// The per-segment nonce (gcm) or associated data (cbc).
-pub fn segment_nonce(
-    prefix: &[u8; NONCE_PREFIX_LEN],
-    index: u32,
-    last: bool,
-) -> [u8; GCM_NONCE_LEN] {
-    let mut nonce = [0u8; GCM_NONCE_LEN];
-    nonce[..NONCE_PREFIX_LEN].copy_from_slice(prefix);
-    nonce[NONCE_PREFIX_LEN..11].copy_from_slice(&index.to_be_bytes());
-    nonce[11] = last as u8;
-    nonce
-}
-
-/// Per-file key material and nonce prefix, enough to build a segment
-/// crypter on any thread.
-pub struct FileKeys {
-    layout: Layout,
-    material: Zeroizing<Vec<u8>>,
-    nonce_prefix: [u8; NONCE_PREFIX_LEN],
-}
-
-impl FileKeys {
-    /// Derives the file key with HKDF-SHA256 (Tink's construction: the
-    /// associated data is the HKDF info).
-    pub fn derive(
-        backend: &dyn Backend,
-        layout: Layout,
-        ikm: &[u8],
-        salt: &[u8],
-        associated_data: &[u8],
-        nonce_prefix: [u8; NONCE_PREFIX_LEN],
-    ) -> Result<Self> {
-        let mut material = Zeroizing::new(vec![0u8; layout.key_material_len()]);
-        backend.hkdf_sha256(ikm, salt, associated_data, &mut material)?;
-        Ok(FileKeys {
-            layout,
-            material,
-            nonce_prefix,
-        })
-    }
-
-    /// Uses already-derived key material (for known-answer tests whose HKDF
-    /// hash is not SHA-256).
-    pub fn from_material(
-        layout: Layout,
-        material: &[u8],
-        nonce_prefix: [u8; NONCE_PREFIX_LEN],
-    ) -> Result<Self> {
-        if material.len() != layout.key_material_len() {
-            return Err(Error::InvalidParams(
-                "key material of the wrong length".into(),
-            ));
-        }
-        Ok(FileKeys {
-            layout,
-            material: Zeroizing::new(material.to_vec()),
-            nonce_prefix,
-        })
-    }
-
-    /// The layout these keys were made for.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// A crypter for one thread.
-    pub fn crypter(&self, backend: &Arc<dyn Backend>) -> Result<SegmentCrypter> {
-        let aead = match self.layout.mode {
-            Mode::Gcm => Aead::Gcm(backend.gcm(&self.material)?),
-            Mode::Cbc => {
-                let composite = 2 * self.layout.key_len;
-                Aead::Cbc {
-                    cbc: CbcHmac::new(backend.clone(), &self.material[..composite])?,
-                    iv_key: Zeroizing::new(self.material[composite..].to_vec()),
-                    backend: backend.clone(),
-                }
-            }
-        };
-        Ok(SegmentCrypter {
-            layout: self.layout,
-            prefix: self.nonce_prefix,
-            aead,
-        })
-    }
-}
-
-enum Aead {
-    Gcm(Box<dyn GcmKey>),
-    Cbc {
-        cbc: CbcHmac,
-        iv_key: Zeroizing<Vec<u8>>,
-        backend: Arc<dyn Backend>,
-    },
-}
-
-/// Seals and opens single segments.
-pub struct SegmentCrypter {
-    layout: Layout,
-    prefix: [u8; NONCE_PREFIX_LEN],
-    aead: Aead,
-}
-
-impl SegmentCrypter {
-    /// Bytes to reserve before the plaintext in a buffer passed to `seal`.
-    pub fn reserve(&self) -> usize {
-        input_reserve(Direction::Seal, &self.layout)
-    }
-
-    /// Seals `buf[reserve()..]` in place into a complete ciphertext segment.
-    pub fn seal(&mut self, index: u64, last: bool, buf: &mut Vec<u8>) -> Result<()> {
-        let index = segment_index(index)?;
-        let nonce = segment_nonce(&self.prefix, index, last);
-        match &mut self.aead {
-            Aead::Gcm(key) => key.seal(&nonce, &[], buf),
-            Aead::Cbc {
-                cbc,
-                iv_key,
-                backend,
-            } => {
-                // An unpredictable IV: a PRF of the segment's position under
-                // a key of its own (SP 800-38A, Appendix C).
-                let prf = backend.hmac(Hash::Sha256, iv_key, &[&nonce])?;
-                let mut iv = [0u8; AES_BLOCK];
-                iv.copy_from_slice(&prf[..AES_BLOCK]);
-                cbc.seal(&iv, &nonce, buf)
-            }
-        }
-    }
-
-    fn open_once(
-        &mut self,
-        index: u32,
-        last: bool,
-        buf: &mut [u8],
-    ) -> std::result::Result<Range<usize>, AuthFailed> {
-        let nonce = segment_nonce(&self.prefix, index, last);
-        match &mut self.aead {
-            Aead::Gcm(key) => key.open(&nonce, &[], buf).map(|n| 0..n),
-            Aead::Cbc { cbc, .. } => cbc.open(&nonce, buf),
-        }
-    }
-
-    /// Authenticates and decrypts a complete ciphertext segment in place and
-    /// returns where its plaintext is. When the last segment is full-size
-    /// and fails, it is tried as a middle segment to tell truncation at a
-    /// segment boundary apart from tampering.
-    pub fn open(&mut self, index: u64, last: bool, buf: &mut [u8]) -> Result<Range<usize>> {
-        let idx = segment_index(index)?;
-        let full = buf.len() == self.layout.ciphertext_segment_len(index);
-        let backup = (last && full).then(|| Zeroizing::new(buf.to_vec()));
-        match self.open_once(idx, last, buf) {
-            Ok(range) => Ok(range),
-            Err(AuthFailed) => {
-                if let Some(mut copy) = backup {
-                    if self.open_once(idx, false, &mut copy).is_ok() {
-                        return Err(Error::Truncated { index });
-                    }
-                }
-                Err(Error::SegmentAuth { index })
-            }
-        }
-    }
-}
-
-fn segment_index(index: u64) -> Result<u32> {
-    u32::try_from(index).map_err(|_| Error::InvalidParams("more than 2^32 segments".into()))
-}
+pub use crate::io_util::read_full;
+pub use crate::segment::{
+    segment_nonce, Direction, FileKeys, Layout, SegmentCrypter, NONCE_PREFIX_LEN,
+};
 
 /// Where the engine's time went, summed over its threads and over every
 /// run given the same counters: sealing or opening segments (AES, CPU
@@ -466,29 +153,6 @@ impl<'a> StreamOptions<'a> {
     }
 }
 
-/// Which way the engine runs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Direction {
-    /// Plaintext in, ciphertext segments out.
-    Seal,
-    /// Ciphertext segments in, plaintext out.
-    Open,
-}
-
-/// Reads `buf.len()` bytes unless the input ends first; returns the count.
-pub fn read_full<R: Read + ?Sized>(input: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match input.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
 /// What a chunk's buffer holds before it grows (fourfold at each step, up
 /// to the segment): a small input zeroes and faults in this much, not a
 /// whole segment (1 MiB by default), which cost a one-file run more than
@@ -498,21 +162,21 @@ const FIRST_FILL: usize = 64 << 10;
 /// Cuts the input into segment-sized chunks, reading one byte ahead so that
 /// the last chunk is known when it is read (the last-segment flag is part of
 /// the nonce).
-struct Chunker<'r, R: Read> {
-    input: &'r mut R,
+pub(crate) struct Chunker<R: Read> {
+    input: R,
     carry: Option<u8>,
     index: u64,
     done: bool,
 }
 
-struct Chunk {
-    index: u64,
-    last: bool,
-    buf: Vec<u8>,
+pub(crate) struct Chunk {
+    pub(crate) index: u64,
+    pub(crate) last: bool,
+    pub(crate) buf: Vec<u8>,
 }
 
-impl<'r, R: Read> Chunker<'r, R> {
-    fn new(input: &'r mut R) -> Self {
+impl<R: Read> Chunker<R> {
+    pub(crate) fn new(input: R) -> Self {
         Chunker {
             input,
             carry: None,
@@ -523,7 +187,17 @@ impl<'r, R: Read> Chunker<'r, R> {
 
     /// Fills `buf` with `reserve` bytes of room and up to `want` bytes of
     /// input. Returns None once the last chunk has been handed out.
-    fn next(&mut self, mut buf: Vec<u8>, reserve: usize, want: usize) -> io::Result<Option<Chunk>> {
+    /// Index of the chunk `next` hands out.
+    pub(crate) fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub(crate) fn next(
+        &mut self,
+        mut buf: Vec<u8>,
+        reserve: usize,
+        want: usize,
+    ) -> io::Result<Option<Chunk>> {
         if self.done {
             return Ok(None);
         }
@@ -540,7 +214,7 @@ impl<'r, R: Read> Chunker<'r, R> {
             filled += 1;
         }
         loop {
-            filled += read_full(self.input, &mut buf[filled..target])?;
+            filled += read_full(&mut self.input, &mut buf[filled..target])?;
             if filled < target || target == end {
                 break;
             }
@@ -554,7 +228,7 @@ impl<'r, R: Read> Chunker<'r, R> {
             true
         } else {
             let mut one = [0u8; 1];
-            if read_full(self.input, &mut one)? == 1 {
+            if read_full(&mut self.input, &mut one)? == 1 {
                 self.carry = Some(one[0]);
                 false
             } else {
@@ -569,15 +243,6 @@ impl<'r, R: Read> Chunker<'r, R> {
         self.index += 1;
         self.done = last;
         Ok(Some(chunk))
-    }
-}
-
-/// Room kept before the input in each buffer: sealing cbc writes its IV
-/// there (the one place for this rule).
-fn input_reserve(direction: Direction, layout: &Layout) -> usize {
-    match (direction, layout.mode) {
-        (Direction::Seal, Mode::Cbc) => AES_BLOCK,
-        _ => 0,
     }
 }
 
@@ -616,7 +281,13 @@ pub fn run<R: Read, W: Write + Send>(
     if opts.workers <= 1 {
         run_sequential(direction, backend, keys, input, output, opts)
     } else {
-        run_parallel(direction, backend, keys, input, output, opts)
+        let job = Job {
+            direction,
+            backend,
+            keys,
+            opts,
+        };
+        run_parallel(&job, input, output)
     }
 }
 
@@ -629,7 +300,7 @@ fn want(direction: Direction, layout: &Layout, index: u64) -> usize {
 
 /// Seals or opens one chunk; returns the range of `buf` to write and the
 /// plaintext byte count.
-fn process(
+pub(crate) fn process(
     direction: Direction,
     crypter: &mut SegmentCrypter,
     chunk: &mut Chunk,
@@ -659,7 +330,7 @@ fn run_sequential<R: Read, W: Write>(
     output: &mut W,
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
-    let layout = keys.layout;
+    let layout = keys.layout();
     let mut crypter = keys.crypter(backend)?;
     let reserve = input_reserve(direction, &layout);
     let mut chunker = Chunker::new(input);
@@ -685,153 +356,204 @@ fn run_sequential<R: Read, W: Write>(
     }
 }
 
-struct Done {
-    index: u64,
-    last: bool,
-    buf: Vec<u8>,
-    outcome: Result<(Range<usize>, u64)>,
+/// One worker's supply of segments from a segment source: the engine's
+/// workers all run the same loop over a feed, whatever the source.
+trait Feed: Send {
+    /// Whether a worker may leave a finished segment for another to write
+    /// and go on: yes when the buffers belong to a pool.
+    const MAY_LEAVE: bool;
+
+    /// The next segment and the outcome of reading it, in the order the
+    /// source hands them out; None once all are handed out.
+    fn next(&mut self) -> Option<(Chunk, Result<()>)>;
+
+    /// Takes back the buffer of a segment that has been written.
+    fn recycle(&mut self, buf: Vec<u8>);
 }
 
-impl Done {
-    fn of(chunk: Chunk, outcome: Result<(Range<usize>, u64)>) -> Done {
-        Done {
-            index: chunk.index,
-            last: chunk.last,
-            buf: chunk.buf,
-            outcome,
-        }
+/// Feed from the reader thread of a stream: segments arrive on a channel
+/// and their buffers go back to the reader's pool. Every worker holds a
+/// clone of both ends, so the reader stops once all workers are gone.
+struct ChannelFeed {
+    jobs: crossbeam_channel::Receiver<(Chunk, Result<()>)>,
+    pool: crossbeam_channel::Sender<Vec<u8>>,
+}
+
+impl Feed for ChannelFeed {
+    const MAY_LEAVE: bool = true;
+
+    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
+        self.jobs.recv().ok()
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        // The reader may have stopped already; then nobody needs it.
+        let _ = self.pool.send(buf);
     }
 }
 
-fn run_parallel<R: Read, W: Write + Send>(
+/// Feed from a regular file: the worker takes the next segment index and
+/// reads it itself with a positional read into its own buffer, so reading
+/// is parallel and no buffer changes hands.
+struct RegionFeed<'r, 'f> {
+    region: &'r Region<'f>,
+    buf: Vec<u8>,
+    timings: Option<&'r Timings>,
+}
+
+impl Feed for RegionFeed<'_, '_> {
+    // A worker keeps its one buffer, and its segment in its core's cache.
+    const MAY_LEAVE: bool = false;
+
+    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
+        let mut chunk = self.region.take(std::mem::take(&mut self.buf))?;
+        let read = timed(self.timings, Step::Read, || self.region.read(&mut chunk));
+        Some((chunk, read))
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        self.buf = buf;
+    }
+}
+
+/// What the engine runs: the direction, the keys and how.
+struct Job<'a> {
     direction: Direction,
-    backend: &Arc<dyn Backend>,
-    keys: &FileKeys,
+    backend: &'a Arc<dyn Backend>,
+    keys: &'a FileKeys,
+    opts: &'a StreamOptions<'a>,
+}
+
+/// The reader of a stream, run on the calling thread; told whether the run
+/// has stopped.
+type Reader<'a> = Box<dyn FnOnce(&dyn Fn() -> bool) + 'a>;
+
+/// The one pipeline engine. Each feed gets a worker thread, except that
+/// without a `reader` the calling thread works the first feed itself; with
+/// one, the calling thread runs the reader. A worker seals or opens its
+/// segment and hands it in ([`Turns::hand_in`]): segments are written
+/// strictly in order, by the worker whose turn it is, and nothing after a
+/// failed segment is written.
+fn run_engine<W: Write + Send, F: Feed>(
+    job: &Job<'_>,
+    feeds: Vec<F>,
+    output: &mut W,
+    reader: Option<Reader<'_>>,
+) -> Result<u64> {
+    let timings = job.opts.timings;
+    let turns = Turns::new(output, job.opts.progress, timings);
+    // Every worker counts as sealing or opening from the start of the run
+    // until it ends, also one whose thread starts after a quick run is over.
+    let mut feeds: Vec<_> = feeds
+        .into_iter()
+        .map(|feed| (feed, timings.map(Timings::enter)))
+        .collect();
+    let work = |(mut feed, _counted): (F, Option<ThreadGuard<'_>>)| -> Result<()> {
+        let mut crypter = job.keys.crypter(job.backend)?;
+        while !turns.stopped() {
+            let Some((mut chunk, read)) = feed.next() else {
+                break;
+            };
+            let outcome = read.and_then(|()| {
+                timed(timings, Step::Crypto, || {
+                    process(job.direction, &mut crypter, &mut chunk)
+                })
+            });
+            match turns.hand_in(chunk, outcome, F::MAY_LEAVE) {
+                Handed::Stop => break,
+                Handed::Go(spent) => spent.into_iter().for_each(|buf| feed.recycle(buf)),
+            }
+        }
+        Ok(())
+    };
+    let mine = if reader.is_none() && !feeds.is_empty() {
+        Some(feeds.remove(0))
+    } else {
+        None
+    };
+    let worker_error = std::thread::scope(|scope| {
+        let others: Vec<_> = feeds
+            .into_iter()
+            .map(|feed| scope.spawn(|| turns.stop_on_unwind(|| work(feed))))
+            .collect();
+        let mut outcomes = Vec::with_capacity(others.len() + 1);
+        if let Some(feed) = mine {
+            outcomes.push(Ok(turns.stop_on_unwind(|| work(feed))));
+        }
+        if let Some(reader) = reader {
+            reader(&|| turns.stopped());
+        }
+        outcomes.extend(others.into_iter().map(|h| h.join()));
+        first_worker_error(outcomes)
+    });
+    turns.finish(worker_error)
+}
+
+/// The first error among the workers' outcomes, a panic counting as one.
+fn first_worker_error(outcomes: Vec<std::thread::Result<Result<()>>>) -> Option<Error> {
+    let mut worker_error = None;
+    for outcome in outcomes {
+        let e = match outcome {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => Error::Backend("worker thread panicked".into()),
+        };
+        worker_error = worker_error.or(Some(e));
+    }
+    worker_error
+}
+
+/// [`run`] on `workers` threads: the calling thread reads segments into
+/// buffers from a bounded pool and hands them to the engine's workers.
+fn run_parallel<R: Read, W: Write + Send>(
+    job: &Job<'_>,
     input: &mut R,
     output: &mut W,
-    opts: &StreamOptions<'_>,
 ) -> Result<u64> {
-    let layout = keys.layout;
-    let workers = opts.workers;
-    let (buffers, pool_tx, pool_rx) = buffer_pool(&layout, workers);
-    let (job_tx, job_rx) = bounded::<Chunk>(workers);
-    let (done_tx, done_rx) = bounded::<Done>(buffers);
-    let reserve = input_reserve(direction, &layout);
-    let progress = opts.progress;
-    let timings = opts.timings;
-
-    std::thread::scope(|scope| {
-        let mut worker_handles = Vec::with_capacity(workers);
-        for _ in 0..workers {
-            let job_rx = job_rx.clone();
-            let done_tx = done_tx.clone();
-            worker_handles.push(scope.spawn(move || -> Result<()> {
-                let mut crypter = keys.crypter(backend)?;
-                let _counted = timings.map(Timings::enter);
-                for mut chunk in job_rx {
-                    let outcome = timed(timings, Step::Crypto, || {
-                        process(direction, &mut crypter, &mut chunk)
-                    });
-                    if done_tx.send(Done::of(chunk, outcome)).is_err() {
-                        break;
-                    }
-                }
-                Ok(())
-            }));
-        }
-        drop(job_rx);
-        drop(done_tx);
-
-        let writer =
-            scope.spawn(move || ordered_writer(done_rx, output, &pool_tx, progress, timings));
-
-        let mut chunker = Chunker::new(input);
-        let mut read_error = None;
+    let layout = job.keys.layout();
+    let workers = job.opts.workers;
+    let (_, pool_tx, pool_rx) = buffer_pool(&layout, workers);
+    let (job_tx, job_rx) = bounded::<(Chunk, Result<()>)>(workers);
+    let feeds: Vec<_> = (0..workers)
+        .map(|_| ChannelFeed {
+            jobs: job_rx.clone(),
+            pool: pool_tx.clone(),
+        })
+        .collect();
+    drop((job_rx, pool_tx));
+    let reserve = input_reserve(job.direction, &layout);
+    let timings = job.opts.timings;
+    let mut chunker = Chunker::new(input);
+    // Moved into the reader, so dropped when it returns: workers waiting
+    // for a segment then learn that there are no more.
+    let read = move |stopped: &dyn Fn() -> bool| {
         while let Ok(buf) = pool_rx.recv() {
-            let want = want(direction, &layout, chunker.index);
-            match timed(timings, Step::Read, || chunker.next(buf, reserve, want)) {
-                Ok(Some(chunk)) => {
-                    if job_tx.send(chunk).is_err() {
-                        break;
-                    }
-                }
+            if stopped() {
+                break;
+            }
+            let index = chunker.index;
+            let want = want(job.direction, &layout, index);
+            let next = timed(timings, Step::Read, || chunker.next(buf, reserve, want));
+            let sent = match next {
+                Ok(Some(chunk)) => job_tx.send((chunk, Ok(()))),
                 Ok(None) => break,
+                // Reported in its place in the order, as that segment's.
                 Err(e) => {
-                    read_error = Some(e);
+                    let chunk = Chunk {
+                        index,
+                        last: true,
+                        buf: Vec::new(),
+                    };
+                    let _ = job_tx.send((chunk, Err(Error::Io(e))));
                     break;
                 }
+            };
+            if sent.is_err() {
+                break;
             }
         }
-        drop(job_tx);
-        drop(pool_rx);
-
-        if let Some(e) = read_error {
-            return Err(Error::Io(e));
-        }
-        join_pipeline(writer, worker_handles)
-    })
-}
-
-/// Writes finished segments strictly in index order, returning buffers to
-/// the pool. Stops at the first failed segment, so nothing after it is
-/// written; succeeds only once the last segment is written.
-fn ordered_writer<W: Write>(
-    done_rx: crossbeam_channel::Receiver<Done>,
-    output: &mut W,
-    pool_tx: &crossbeam_channel::Sender<Vec<u8>>,
-    progress: Option<&(dyn Fn(u64) + Sync)>,
-    timings: Option<&Timings>,
-) -> Result<u64> {
-    let mut pending = BTreeMap::new();
-    let mut next = 0u64;
-    let mut total = 0u64;
-    for done in done_rx {
-        pending.insert(done.index, done);
-        while let Some(done) = pending.remove(&next) {
-            let (range, plain) = done.outcome?;
-            timed(timings, Step::Write, || output.write_all(&done.buf[range]))?;
-            total += plain;
-            if let Some(progress) = progress {
-                progress(total);
-            }
-            if done.last {
-                return Ok(total);
-            }
-            next += 1;
-            // The producers may have stopped already; then nobody needs it.
-            let _ = pool_tx.send(done.buf);
-        }
-    }
-    Err(Error::Io(io::Error::other(
-        "segment pipeline stopped early",
-    )))
-}
-
-/// Joins the writer and the workers; the writer's error wins unless a
-/// worker failed before it could produce anything (e.g. a bad key).
-fn join_pipeline(
-    writer: std::thread::ScopedJoinHandle<'_, Result<u64>>,
-    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<()>>>,
-) -> Result<u64> {
-    let written = writer
-        .join()
-        .unwrap_or_else(|_| Err(Error::Backend("writer thread panicked".into())));
-    let mut worker_error = None;
-    for handle in workers {
-        match handle.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => worker_error = worker_error.or(Some(e)),
-            Err(_) => {
-                worker_error =
-                    worker_error.or(Some(Error::Backend("worker thread panicked".into())))
-            }
-        }
-    }
-    match (written, worker_error) {
-        (Ok(total), _) => Ok(total),
-        (Err(_), Some(e)) => Err(e),
-        (Err(e), None) => Err(e),
-    }
+    };
+    run_engine(job, feeds, output, Some(Box::new(read)))
 }
 
 /// Offset of segment `index` within a region cut into a first segment of
@@ -881,7 +603,7 @@ pub fn run_file<W: Write + Send>(
         let mut limited = Read::take(reader, len);
         return run(direction, backend, keys, &mut limited, output, opts);
     }
-    let layout = keys.layout;
+    let layout = keys.layout();
     let first = want(direction, &layout, 0) as u64;
     let rest = want(direction, &layout, 1) as u64;
     let region = Region {
@@ -894,46 +616,20 @@ pub fn run_file<W: Write + Send>(
         reserve: input_reserve(direction, &layout),
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
-    let timings = opts.timings;
-    let turns = Turns::new(output, opts.progress, timings);
-    let work = || -> Result<()> {
-        let mut crypter = keys.crypter(backend)?;
-        let _counted = timings.map(Timings::enter);
-        let mut buf = Vec::with_capacity(layout.segment_size + AES_BLOCK * 2);
-        while !turns.stopped() {
-            let Some(mut chunk) = region.take(buf) else {
-                break;
-            };
-            let outcome = match timed(timings, Step::Read, || region.read(&mut chunk)) {
-                Ok(()) => timed(timings, Step::Crypto, || {
-                    process(direction, &mut crypter, &mut chunk)
-                }),
-                Err(e) => Err(e),
-            };
-            if !turns.write_in_turn(&chunk, outcome) {
-                break;
-            }
-            buf = chunk.buf;
-        }
-        Ok(())
+    let feeds = (0..opts.workers)
+        .map(|_| RegionFeed {
+            region: &region,
+            buf: Vec::with_capacity(layout.segment_size + AES_BLOCK * 2),
+            timings: opts.timings,
+        })
+        .collect();
+    let job = Job {
+        direction,
+        backend,
+        keys,
+        opts,
     };
-    let worker_error = std::thread::scope(|scope| {
-        let mut worker_error = None;
-        let others: Vec<_> = (1..opts.workers)
-            .map(|_| scope.spawn(|| turns.stop_on_unwind(work)))
-            .collect();
-        let mine = turns.stop_on_unwind(work);
-        for outcome in std::iter::once(Ok(mine)).chain(others.into_iter().map(|h| h.join())) {
-            let e = match outcome {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => Error::Backend("worker thread panicked".into()),
-            };
-            worker_error = worker_error.or(Some(e));
-        }
-        worker_error
-    });
-    turns.finish(worker_error)
+    run_engine(&job, feeds, output, None)
 }
 
 /// The segments of a file region, handed out in order to whichever worker
@@ -1000,6 +696,20 @@ struct TurnState<'o, W> {
     next: u64,
     total: u64,
     outcome: Option<Result<u64>>,
+    /// Segments handed in before their turn, by workers that went on.
+    pending: BTreeMap<u64, (Chunk, Outcome)>,
+}
+
+/// A sealed or opened segment: the range of its buffer to write and its
+/// plaintext byte count, or why it failed.
+type Outcome = Result<(Range<usize>, u64)>;
+
+/// What a worker does after handing in a segment.
+enum Handed {
+    /// Go on, recycling these buffers (its own and any it wrote for others).
+    Go(Vec<Vec<u8>>),
+    /// The run is over (done or failed).
+    Stop,
 }
 
 impl<'o, W: Write> Turns<'o, W> {
@@ -1014,6 +724,7 @@ impl<'o, W: Write> Turns<'o, W> {
                 next: 0,
                 total: 0,
                 outcome: None,
+                pending: BTreeMap::new(),
             }),
             turn: std::sync::Condvar::new(),
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -1039,16 +750,38 @@ impl<'o, W: Write> Turns<'o, W> {
         self.turn.notify_all();
     }
 
-    /// Waits until every segment before `chunk` is written, then writes it
-    /// (or, if it failed, stops the run). Returns whether to go on.
-    fn write_in_turn(&self, chunk: &Chunk, outcome: Result<(Range<usize>, u64)>) -> bool {
+    /// Hands in a finished segment. If it is not its turn yet and the
+    /// worker `may_leave` it (its buffer belongs to a pool, not to the
+    /// worker), it is kept for whoever writes the segment before it, and the
+    /// worker goes on; otherwise the worker waits for its turn. The worker
+    /// whose turn it is writes its segment and then every kept one that
+    /// follows it in order.
+    fn hand_in(&self, chunk: Chunk, outcome: Outcome, may_leave: bool) -> Handed {
         let mut state = self.lock();
+        if may_leave && state.next != chunk.index && state.outcome.is_none() {
+            state.pending.insert(chunk.index, (chunk, outcome));
+            return Handed::Go(Vec::new());
+        }
         while state.next != chunk.index && state.outcome.is_none() {
             state = self.turn.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        if state.outcome.is_some() {
-            return false;
+        let mut spent = Vec::new();
+        let mut item = Some((chunk, outcome));
+        while let Some((chunk, outcome)) = item.take() {
+            if state.outcome.is_some() || !self.write_one(&mut state, &chunk, outcome) {
+                return Handed::Stop;
+            }
+            spent.push(chunk.buf);
+            let next = state.next;
+            item = state.pending.remove(&next);
         }
+        self.turn.notify_all();
+        Handed::Go(spent)
+    }
+
+    /// Writes the segment whose turn it is (or, if it failed, stops the
+    /// run). Returns whether to go on.
+    fn write_one(&self, state: &mut TurnState<'o, W>, chunk: &Chunk, outcome: Outcome) -> bool {
         let timings = self.timings;
         let written = outcome.and_then(|(range, plain)| {
             timed(timings, Step::Write, || {
@@ -1065,14 +798,13 @@ impl<'o, W: Write> Turns<'o, W> {
                 state.next += 1;
                 if chunk.last {
                     let total = state.total;
-                    self.stop(&mut state, Ok(total));
+                    self.stop(state, Ok(total));
                     return false;
                 }
-                self.turn.notify_all();
                 true
             }
             Err(e) => {
-                self.stop(&mut state, Err(e));
+                self.stop(state, Err(e));
                 false
             }
         }

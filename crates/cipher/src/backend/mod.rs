@@ -3,20 +3,36 @@
 //! Every backend provides the same four primitives: AES-GCM with a 96-bit
 //! nonce, AES-CBC with PKCS#7 padding, HMAC-SHA2 and HKDF-SHA256. The
 //! constructions built from them (the Tink-compatible GCM stream, the RFC 7518
-//! CBC-HMAC composition) live once, in [`crate::stream`], so swapping a
+//! CBC-HMAC composition) live once, in [`crate::segment`], so swapping a
 //! backend can never change the file format: the property tests check that all
 //! backends produce identical bytes for identical inputs and randomness.
 
+//!
+//! Each backend sits behind the cargo feature of its name (`openssl`,
+//! `ring`, `rustcrypto`); all three are on by default, as the command line
+//! offers `--backend` and the fastest one differs by mode and key size. Any
+//! non-empty subset builds; a backend left out is a clear error from
+//! [`by_name`].
+
+#[cfg(not(any(feature = "openssl", feature = "ring", feature = "rustcrypto")))]
+compile_error!("tpmcrypt-cipher needs at least one backend feature: openssl, ring or rustcrypto");
+
+#[cfg(feature = "openssl")]
 mod openssl_evp;
+#[cfg(feature = "ring")]
 mod ring_gcm;
+#[cfg(feature = "rustcrypto")]
 mod rustcrypto;
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "openssl")]
 pub use openssl_evp::OpenSsl;
+#[cfg(feature = "ring")]
 pub use ring_gcm::Ring;
+#[cfg(feature = "rustcrypto")]
 pub use rustcrypto::RustCrypto;
 
 /// Length of a GCM tag in bytes.
@@ -66,7 +82,7 @@ pub trait GcmKey: Send {
 }
 
 /// An AES-CBC key with PKCS#7 padding. Never used on its own: only inside the
-/// encrypt-then-MAC composition in [`crate::stream`].
+/// encrypt-then-MAC composition in [`crate::segment`].
 pub trait CbcKey: Send {
     /// Encrypts `buf[start..]` in place, growing `buf` by the padding.
     fn encrypt(&mut self, iv: &[u8; AES_BLOCK], buf: &mut Vec<u8>, start: usize) -> Result<()>;
@@ -109,39 +125,47 @@ pub trait Backend: Send + Sync {
     fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
-/// Names accepted by [`by_name`].
+/// Names of every backend there is, compiled in or not.
 pub const NAMES: [&str; 3] = ["openssl", "ring", "rustcrypto"];
+
+/// The backend of `name` if this build has it compiled in.
+pub(crate) fn compiled(name: &str) -> Option<Arc<dyn Backend>> {
+    match name {
+        #[cfg(feature = "openssl")]
+        "openssl" => Some(Arc::new(OpenSsl)),
+        #[cfg(feature = "ring")]
+        "ring" => Some(Arc::new(Ring)),
+        #[cfg(feature = "rustcrypto")]
+        "rustcrypto" => Some(Arc::new(RustCrypto)),
+        _ => None,
+    }
+}
 
 /// All backends compiled in.
 pub fn all() -> Vec<Arc<dyn Backend>> {
-    vec![Arc::new(OpenSsl), Arc::new(Ring), Arc::new(RustCrypto)]
+    NAMES.iter().filter_map(|name| compiled(name)).collect()
 }
 
-/// Looks a backend up by name.
+/// Looks a backend up by name. A known backend left out of this build is
+/// an [`Error::InvalidParams`] that says so.
 pub fn by_name(name: &str) -> Result<Arc<dyn Backend>> {
-    match name {
-        "openssl" => Ok(Arc::new(OpenSsl)),
-        "ring" => Ok(Arc::new(Ring)),
-        "rustcrypto" => Ok(Arc::new(RustCrypto)),
-        other => Err(Error::InvalidParams(format!(
-            "unknown backend {other:?} (known: {})",
-            NAMES.join(", ")
-        ))),
+    if let Some(backend) = compiled(name) {
+        return Ok(backend);
     }
+    let built: Vec<_> = all().iter().map(|b| b.name()).collect();
+    if NAMES.contains(&name) {
+        return Err(Error::InvalidParams(format!(
+            "backend {name:?} is not compiled into this build (compiled in: {})",
+            built.join(", ")
+        )));
+    }
+    Err(Error::InvalidParams(format!(
+        "unknown backend {name:?} (known: {})",
+        built.join(", ")
+    )))
 }
 
-/// The default backend for a payload mode and key size: the fastest correct
-/// one, by measurement on x86-64 with AES-NI and CLMUL (`examples/backend_speed.rs`;
-/// figures in `docs/format.md`, "Backends"): ring for AES-GCM with 128- and
-/// 256-bit keys, OpenSSL for CBC and for 192-bit keys, which ring does not
-/// implement. All backends write identical bytes, so this is only speed.
-pub fn default_for(mode: crate::Mode, key_len: usize) -> Arc<dyn Backend> {
-    match mode {
-        crate::Mode::Gcm if Ring.supports_gcm(key_len) => Arc::new(Ring),
-        _ => Arc::new(OpenSsl),
-    }
-}
-
+#[cfg(any(feature = "openssl", feature = "rustcrypto"))]
 pub(crate) fn check_aes_key(backend: &'static str, key: &[u8]) -> Result<()> {
     match key.len() {
         16 | 24 | 32 => Ok(()),
@@ -149,5 +173,40 @@ pub(crate) fn check_aes_key(backend: &'static str, key: &[u8]) -> Result<()> {
             "{backend}: AES key must be 16, 24 or 32 bytes, got {}",
             key.len()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In every feature subset: a compiled-in backend is found by name, a
+    /// known one left out is an error that says so, an unknown one is
+    /// unknown, and `all` lists exactly the compiled-in ones.
+    #[test]
+    fn by_name_tells_left_out_from_unknown() {
+        for name in NAMES {
+            let built = match name {
+                "openssl" => cfg!(feature = "openssl"),
+                "ring" => cfg!(feature = "ring"),
+                _ => cfg!(feature = "rustcrypto"),
+            };
+            match by_name(name) {
+                Ok(b) => assert!(built && b.name() == name, "{name}"),
+                Err(e) => {
+                    assert!(!built, "{name}: {e}");
+                    assert!(matches!(e, Error::InvalidParams(_)));
+                    assert!(
+                        e.to_string().contains("not compiled into this build"),
+                        "{e}"
+                    );
+                }
+            }
+            assert_eq!(all().iter().any(|b| b.name() == name), built, "{name}");
+        }
+        match by_name("aesni") {
+            Err(e) => assert!(e.to_string().contains("unknown backend"), "{e}"),
+            Ok(b) => panic!("found {}", b.name()),
+        }
     }
 }
