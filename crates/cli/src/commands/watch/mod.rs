@@ -18,6 +18,8 @@ mod journal;
 mod load;
 mod log;
 mod scan;
+mod schedule;
+mod setup;
 mod stats;
 mod units;
 mod worker;
