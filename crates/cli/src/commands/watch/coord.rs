@@ -147,17 +147,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         spawn_metrics(addr, &stats, started)?;
     }
 
-    let ctx = Arc::new(Ctx {
-        src_root: File::open(&dirs.src).with_context(|| dirs.src.display().to_string())?,
-        dest: dirs.dest.clone(),
-        dest_id: dirs.roots.dest.1,
-        journal: journal.clone(),
-        settle: args.settle,
-        delete: args.delete_plaintext,
-        session: Mutex::new(Arc::new(session)),
-        lease_noted: AtomicBool::new(false),
-        no_lease_warned: Mutex::new(HashSet::new()),
-    });
+    let ctx = context(args, &dirs, &journal, session)?;
     let pool = Pool::start(&ctx, plan.workers)?;
     let (ev_rx, watcher) = start_watcher(&dirs.src)?;
 
@@ -203,6 +193,26 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         End::Signal => Ok(crate::exit::OK),
         End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
     }
+}
+
+/// What the workers and the committer share.
+fn context(
+    args: &WatchArgs,
+    dirs: &setup::Dirs,
+    journal: &Arc<Mutex<Journal>>,
+    session: Session,
+) -> anyhow::Result<Arc<Ctx>> {
+    Ok(Arc::new(Ctx {
+        src_root: File::open(&dirs.src).with_context(|| dirs.src.display().to_string())?,
+        dest: dirs.dest.clone(),
+        dest_id: dirs.roots.dest.1,
+        journal: journal.clone(),
+        settle: args.settle,
+        delete: args.delete_plaintext,
+        session: Mutex::new(Arc::new(session)),
+        lease_noted: AtomicBool::new(false),
+        no_lease_warned: Mutex::new(HashSet::new()),
+    }))
 }
 
 /// The start-up log lines, and the clean-up of temporaries an interrupted
@@ -310,7 +320,7 @@ fn work(
     }
 }
 
-/// The event channel
+/// The event channel from the inotify thread (with each event's time).
 type Events = Receiver<(notify::Result<Event>, Instant)>;
 
 /// Watches `src` (before the start-up scan: nothing that arrives during
@@ -338,6 +348,60 @@ enum End {
     /// SRC, DEST or the lock is no longer what the daemon started with: an
     /// error, exit 1 (systemd's `Restart=on-failure` starts it again).
     Fatal(String),
+}
+
+/// The loop's timers besides the files'.
+struct Clocks {
+    /// --stats-interval (at least 100ms).
+    interval: Duration,
+    /// --rotate (at least 1s).
+    rotate: Option<Duration>,
+    next_stats: Instant,
+    next_rotate: Option<Instant>,
+    /// systemd's watchdog is on: pinged every half its period.
+    watchdog: bool,
+    watchdog_every: Duration,
+    next_watchdog: Instant,
+    next_roots: Instant,
+    /// What the last stats line showed (files, failures, pending): a line
+    /// is logged only when it changes.
+    last_logged: (u64, u64, u64),
+}
+
+impl Clocks {
+    fn new(args: &WatchArgs) -> Clocks {
+        let interval = args.stats_interval.max(Duration::from_millis(100));
+        let rotate = args.rotate.map(|d| d.max(Duration::from_secs(1)));
+        let mut watchdog_usec = 0u64;
+        let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+        Clocks {
+            interval,
+            rotate,
+            next_stats: Instant::now() + interval,
+            next_rotate: rotate.map(|d| Instant::now() + d),
+            watchdog,
+            watchdog_every: Duration::from_micros(watchdog_usec / 2),
+            next_watchdog: Instant::now(),
+            next_roots: Instant::now(),
+            last_logged: (u64::MAX, u64::MAX, u64::MAX),
+        }
+    }
+
+    /// When the loop must wake at the latest (`files`: the next file's
+    /// timer).
+    fn wake(&self, files: Option<Instant>) -> Instant {
+        let mut wake = self.next_stats.min(self.next_roots);
+        if let Some(t) = files {
+            wake = wake.min(t);
+        }
+        if let Some(t) = self.next_rotate {
+            wake = wake.min(t);
+        }
+        if self.watchdog {
+            wake = wake.min(self.next_watchdog);
+        }
+        wake
+    }
 }
 
 /// How often the loop checks that SRC, DEST and the lock are still there.
@@ -414,17 +478,10 @@ impl Coordinator {
         }
     }
 
+    /// The loop: timers fired, ready files handed out, housekeeping done,
+    /// then a wait for a signal, an outcome, events or the next timer.
     fn run_loop(&mut self, io: &LoopIo<'_>) -> End {
-        let interval = io.args.stats_interval.max(Duration::from_millis(100));
-        let rotate = io.args.rotate.map(|d| d.max(Duration::from_secs(1)));
-        let mut next_stats = Instant::now() + interval;
-        let mut next_rotate = rotate.map(|d| Instant::now() + d);
-        let mut watchdog_usec = 0u64;
-        let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
-        let watchdog_every = Duration::from_micros(watchdog_usec / 2);
-        let mut next_watchdog = Instant::now();
-        let mut next_roots = Instant::now();
-        let mut last_logged = (u64::MAX, u64::MAX, u64::MAX);
+        let mut clocks = Clocks::new(io.args);
         let never_ev = never();
         loop {
             self.sched.tick(Instant::now());
@@ -439,120 +496,138 @@ impl Coordinator {
             if let Err(e) = flushed {
                 self.journal_error(e);
             }
-            let now = Instant::now();
-            if now >= next_roots {
-                next_roots = now + ROOTS_EVERY;
-                if let Err(msg) = io.roots.check() {
-                    error!("{msg}");
-                    return End::Fatal(msg);
-                }
+            if let Err(end) = self.housekeeping(io, &mut clocks, Instant::now()) {
+                return end;
             }
-            if now >= next_stats {
-                next_stats = now + interval;
-                self.update_gauges();
-                let s = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let key = (
-                    s.counters.files,
-                    s.counters.failures,
-                    s.counters.settling + s.counters.queue_depth + s.counters.in_flight,
-                );
-                if key != last_logged {
-                    info!("stats: {}", s.line());
-                    last_logged = key;
-                }
-                if let Some(path) = &io.args.stats_json {
-                    if let Err(e) = stats::write_json(path, &s.snapshot(io.started)) {
-                        warn!("--stats-json {}: {e:#}", path.display());
-                    }
-                }
-                let synced = self.journal().sync();
-                if let Err(e) = synced {
-                    self.journal_error(e);
-                }
-                let status = format!(
-                    "{} files encrypted, {} queued",
-                    s.counters.files,
-                    s.counters.settling + s.counters.queue_depth
-                );
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
-            }
-            if let (Some(at), Some(every)) = (next_rotate, rotate) {
-                if now >= at {
-                    next_rotate = Some(now + every);
-                    match Session::new(io.recipients, io.params) {
-                        Ok(s) => {
-                            info!("rotated the session key: session {}", s.id);
-                            *self.ctx.session.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Arc::new(s);
-                            self.stats
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .counters
-                                .sessions += 1;
-                        }
-                        Err(e) => error!("cannot rotate the session key: {e:#}"),
-                    }
-                }
-            }
-            if watchdog && now >= next_watchdog {
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
-                next_watchdog = now + watchdog_every;
-            }
-
-            let mut wake = next_stats.min(next_roots);
-            if let Some(t) = self.sched.next_due() {
-                wake = wake.min(t);
-            }
-            if let Some(t) = next_rotate {
-                wake = wake.min(t);
-            }
-            if watchdog {
-                wake = wake.min(next_watchdog);
-            }
+            let wake = clocks.wake(self.sched.next_due());
             let timeout = wake.saturating_duration_since(Instant::now());
             let events = if self.sched.len() < MAX_ENTRIES {
                 io.ev_rx
             } else {
                 &never_ev
             };
-            select! {
-                recv(io.ctl_rx) -> msg => match msg {
-                    Ok(Ctl::Stop(sig)) => {
-                        info!("signal {sig}: stopping");
-                        return End::Signal;
-                    }
-                    Ok(Ctl::Hup) => match io.sink.reopen() {
-                        Ok(true) => info!("SIGHUP: log file reopened"),
-                        Ok(false) => info!("SIGHUP received (logging to stderr: nothing to reopen)"),
-                        Err(e) => error!("SIGHUP: cannot reopen the log file: {e}"),
-                    },
-                    Err(_) => return End::Signal,
-                },
-                recv(io.done_rx) -> msg => {
-                    if let Ok((rel, outcome)) = msg {
-                        self.on_outcome(rel, outcome);
-                        while let Ok((rel, outcome)) = io.done_rx.try_recv() {
-                            self.on_outcome(rel, outcome);
-                        }
-                    }
-                }
-                recv(events) -> msg => {
-                    if let Ok((ev, at)) = msg {
-                        self.on_event(ev, at);
-                        for _ in 0..4096 {
-                            if self.sched.len() >= MAX_ENTRIES {
-                                break;
-                            }
-                            match io.ev_rx.try_recv() {
-                                Ok((ev, at)) => self.on_event(ev, at),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                }
-                default(timeout) => {}
+            if let Some(end) = self.wait(io, events, timeout) {
+                return end;
             }
         }
+    }
+
+    /// What is due at `now` besides files: the roots' check, the stats,
+    /// the session key's rotation, systemd's watchdog.
+    fn housekeeping(
+        &mut self,
+        io: &LoopIo<'_>,
+        clocks: &mut Clocks,
+        now: Instant,
+    ) -> Result<(), End> {
+        if now >= clocks.next_roots {
+            clocks.next_roots = now + ROOTS_EVERY;
+            if let Err(msg) = io.roots.check() {
+                error!("{msg}");
+                return Err(End::Fatal(msg));
+            }
+        }
+        if now >= clocks.next_stats {
+            clocks.next_stats = now + clocks.interval;
+            self.report_stats(io, &mut clocks.last_logged);
+        }
+        if let (Some(at), Some(every)) = (clocks.next_rotate, clocks.rotate) {
+            if now >= at {
+                clocks.next_rotate = Some(now + every);
+                self.rotate_session(io);
+            }
+        }
+        if clocks.watchdog && now >= clocks.next_watchdog {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            clocks.next_watchdog = now + clocks.watchdog_every;
+        }
+        Ok(())
+    }
+
+    /// Every --stats-interval: the stats line (when something changed),
+    /// --stats-json, the journal synced, systemd's status.
+    fn report_stats(&mut self, io: &LoopIo<'_>, last_logged: &mut (u64, u64, u64)) {
+        self.update_gauges();
+        let s = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let key = (
+            s.counters.files,
+            s.counters.failures,
+            s.counters.settling + s.counters.queue_depth + s.counters.in_flight,
+        );
+        if key != *last_logged {
+            info!("stats: {}", s.line());
+            *last_logged = key;
+        }
+        if let Some(path) = &io.args.stats_json {
+            if let Err(e) = stats::write_json(path, &s.snapshot(io.started)) {
+                warn!("--stats-json {}: {e:#}", path.display());
+            }
+        }
+        let synced = self.journal().sync();
+        if let Err(e) = synced {
+            self.journal_error(e);
+        }
+        let status = format!(
+            "{} files encrypted, {} queued",
+            s.counters.files,
+            s.counters.settling + s.counters.queue_depth
+        );
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
+    }
+
+    /// --rotate: a new session key for the files taken from now on.
+    fn rotate_session(&self, io: &LoopIo<'_>) {
+        match Session::new(io.recipients, io.params) {
+            Ok(s) => {
+                info!("rotated the session key: session {}", s.id);
+                *self.ctx.session.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(s);
+                self.count(|c| c.sessions += 1);
+            }
+            Err(e) => error!("cannot rotate the session key: {e:#}"),
+        }
+    }
+
+    /// Waits up to `timeout` for a signal, outcomes or events, and handles
+    /// them. Some when the loop is to end.
+    fn wait(&mut self, io: &LoopIo<'_>, events: &Events, timeout: Duration) -> Option<End> {
+        select! {
+            recv(io.ctl_rx) -> msg => match msg {
+                Ok(Ctl::Stop(sig)) => {
+                    info!("signal {sig}: stopping");
+                    return Some(End::Signal);
+                }
+                Ok(Ctl::Hup) => match io.sink.reopen() {
+                    Ok(true) => info!("SIGHUP: log file reopened"),
+                    Ok(false) => info!("SIGHUP received (logging to stderr: nothing to reopen)"),
+                    Err(e) => error!("SIGHUP: cannot reopen the log file: {e}"),
+                },
+                Err(_) => return Some(End::Signal),
+            },
+            recv(io.done_rx) -> msg => {
+                if let Ok((rel, outcome)) = msg {
+                    self.on_outcome(rel, outcome);
+                    while let Ok((rel, outcome)) = io.done_rx.try_recv() {
+                        self.on_outcome(rel, outcome);
+                    }
+                }
+            }
+            recv(events) -> msg => {
+                if let Ok((ev, at)) = msg {
+                    self.on_event(ev, at);
+                    for _ in 0..4096 {
+                        if self.sched.len() >= MAX_ENTRIES {
+                            break;
+                        }
+                        match io.ev_rx.try_recv() {
+                            Ok((ev, at)) => self.on_event(ev, at),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            default(timeout) => {}
+        }
+        None
     }
 
     fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
@@ -856,12 +931,8 @@ impl Coordinator {
                     if let Some(t) = f.event_at {
                         s.latency.record(done_at.saturating_duration_since(t));
                     }
-                    if deleted {
-                        s.counters.deleted += 1;
-                    }
-                    if no_lease {
-                        s.counters.kept_no_lease += 1;
-                    }
+                    s.counters.deleted += u64::from(deleted);
+                    s.counters.kept_no_lease += u64::from(no_lease);
                 }
                 self.record_encrypted(&rel, rec, deleted);
             }
