@@ -220,3 +220,60 @@ fn crash_point(at: &str) {
 
 #[cfg(not(debug_assertions))]
 fn crash_point(_at: &str) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::atomic::AtomicFile;
+
+    fn pending(dir: &std::path::Path, i: usize, bytes: u64) -> Pending<usize> {
+        let out = AtomicFile::create(&dir.join(format!("f{i}.tpmc")), 0o600, false)
+            .expect("temporary in a temporary directory");
+        Pending {
+            tag: i,
+            out,
+            bytes,
+            original: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_closes_by_count_bytes_or_age() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let d = dir.path();
+        let daemon = limits();
+        assert!(daemon.files >= 32 && daemon.bytes == 256 << 20);
+        assert_eq!(daemon.age, BATCH_AGE);
+
+        // By count: the daemon's byte and age bounds, a small count.
+        let few = Limits {
+            files: 3,
+            age: Duration::from_secs(3600),
+            ..daemon
+        };
+        let mut b = Batch::new(few);
+        assert!(b.deadline().is_none());
+        assert!(!b.push(pending(d, 0, 1)));
+        assert!(!b.push(pending(d, 1, 1)));
+        assert!(b.push(pending(d, 2, 1)));
+
+        // By bytes: the daemon's 256 MiB.
+        let mut b = Batch::new(Limits {
+            age: Duration::from_secs(3600),
+            ..daemon
+        });
+        assert!(!b.push(pending(d, 3, daemon.bytes - 1)));
+        assert!(b.push(pending(d, 4, 1)));
+
+        // By age: the committer wakes at the deadline, BATCH_AGE after the
+        // first output, and a later one closes it.
+        let mut b = Batch::new(daemon);
+        let before = Instant::now();
+        assert!(!b.push(pending(d, 5, 1)));
+        let after = Instant::now();
+        let at = b.deadline().expect("a deadline once not empty");
+        assert!(at >= before + BATCH_AGE && at <= after + BATCH_AGE);
+        std::thread::sleep(BATCH_AGE);
+        assert!(b.push(pending(d, 6, 1)));
+    }
+}

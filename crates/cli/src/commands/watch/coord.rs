@@ -1,11 +1,10 @@
 //! Start-up checks and the coordinator loop: events in, jobs out, outcomes
 //! back; signals, stats, rotation, shutdown.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -20,7 +19,9 @@ use tpmcrypt_cipher::{Mode, Params, Recipient};
 use tracing::{debug, error, info, warn};
 
 use super::fsio::{self, Kind};
-use super::journal::Journal;
+use super::journal::{Journal, Record};
+use super::schedule::{Attempt, Schedule};
+use super::setup::{self, Roots};
 use super::stats::{self, Counters, Stats};
 use super::units::human_duration;
 use super::worker::{self, Ctx, Job, Outcome, Session, Step};
@@ -35,34 +36,6 @@ use crate::keys;
 const MAX_ENTRIES: usize = 200_000;
 /// Capacity of the event channel from the inotify thread.
 const EVENT_QUEUE: usize = 8192;
-/// Longest wait between retries of a failing file.
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// Longest wait between re-checks of a file still open for writing.
-const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum State {
-    /// Waiting for `due` (settle, backoff).
-    Waiting,
-    /// In the ready queue or the work channel.
-    Ready,
-    /// A worker has it.
-    InFlight,
-}
-
-struct Entry {
-    state: State,
-    due: Instant,
-    /// The last close-write (or move-in) event: latency is measured from it.
-    event_at: Option<Instant>,
-    /// Something happened to it while in flight: look again afterwards.
-    dirty: bool,
-    /// Consecutive failures (backoff).
-    failures: u32,
-    /// Consecutive "still open for writing" answers.
-    busy: u32,
-}
-
 enum Ctl {
     Stop(i32),
     Hup,
@@ -72,11 +45,9 @@ struct Coordinator {
     src: PathBuf,
     ctx: Arc<Ctx>,
     settle: Duration,
-    entries: HashMap<PathBuf, Entry>,
-    timers: BinaryHeap<Reverse<(Instant, PathBuf)>>,
-    ready: VecDeque<PathBuf>,
+    /// Settle timers, ready queue, retries (no I/O, no clock).
+    sched: Schedule,
     work_tx: Option<Sender<Job>>,
-    in_flight: usize,
     journal: Arc<Mutex<Journal>>,
     journal_failed: bool,
     stats: Arc<Mutex<Stats>>,
@@ -96,9 +67,19 @@ struct LoopIo<'a> {
     roots: &'a Roots,
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
-    let (src_arg, dest_arg) = (&args.src, &args.out);
+/// The flags resolved into what the daemon runs with. (Resolved here until
+/// the CLI's shared option layer provides it.)
+struct Plan {
+    recipients: Vec<Box<dyn Recipient>>,
+    params: Params,
+    mode: Mode,
+    workers: usize,
+    metrics: Option<SocketAddr>,
+}
+
+/// Resolves and checks the flags; a usage error (exit 2) when they do not
+/// make sense.
+fn resolve(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<Plan> {
     if args.recipients.is_empty() && args.keys.is_empty() {
         return Err(usage("watch needs --key NAME or --recipient RECIPIENT"));
     }
@@ -110,7 +91,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     if workers == 0 || workers > 1024 {
         return Err(usage("--workers must be between 1 and 1024"));
     }
-    let metrics_addr = args
+    let metrics = args
         .metrics
         .as_deref()
         .map(stats::metrics_addr)
@@ -124,107 +105,32 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         ModeArg::Cbc => Mode::Cbc,
     };
     let params = Params::new(mode, 256)?;
+    Ok(Plan {
+        recipients,
+        params,
+        mode,
+        workers,
+        metrics,
+    })
+}
 
-    // SRC, DEST, state: canonical, DEST and state not inside SRC.
-    let src = fs::canonicalize(src_arg).with_context(|| src_arg.display().to_string())?;
-    if !fs::metadata(&src)?.is_dir() {
-        return Err(usage(format!(
-            "{}: SRC is not a directory",
-            src_arg.display()
-        )));
-    }
-    if let Some(other) = watched_dest_around(&src) {
-        return Err(usage(format!(
-            "SRC {} is inside {}, the DEST of a tpmcrypt watch (it holds {}): its ciphertext \
-             would be encrypted again{}",
-            show(&src),
-            show(&other),
-            STATE_DIR,
-            if args.delete_plaintext {
-                " and removed"
-            } else {
-                ""
-            }
-        )));
-    }
-    let dest_canon = canonical_to_be(dest_arg)?;
-    if dest_canon.starts_with(&src) {
-        return Err(usage(format!(
-            "DEST {} is inside SRC {}: ciphertext would be encrypted again",
-            dest_canon.display(),
-            src.display()
-        )));
-    }
-    let state_arg = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| dest_canon.join(STATE_DIR));
-    let state_canon = canonical_to_be(&state_arg)?;
-    if state_canon.starts_with(&src) {
-        return Err(usage(format!(
-            "--state-dir {} is inside SRC {}",
-            state_canon.display(),
-            src.display()
-        )));
-    }
-    // Files the daemon itself writes: inside SRC each write would be
-    // encrypted again (a new version every interval, or every log line).
-    for (flag, file) in [("--stats-json", &args.stats_json), ("--log", &args.log)] {
-        if let Some(file) = file {
-            let canon = canonical_to_be(file)?;
-            if canon.starts_with(&src) {
-                return Err(usage(format!(
-                    "{flag} {} is inside SRC {}: it would be encrypted again every time it is written",
-                    canon.display(),
-                    src.display()
-                )));
-            }
-        }
-    }
-    let dest_created = fs::symlink_metadata(&dest_canon).is_err();
-    fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
-    let dest = fs::canonicalize(&dest_canon)?;
-    probe_writable(&dest).map_err(|e| not_writable(&dest, "DEST", e))?;
-    fs::create_dir_all(&state_canon)
-        .map_err(|e| not_writable(&state_canon, "the state directory", e))?;
-    let state = fs::canonicalize(&state_canon)?;
-    let dest_lock = lock_dest(&dest)?;
-    let lock = lock_state(&state)?;
-    let roots = Roots::new(&src, &dest, &state, &lock)?;
-
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+    let plan = resolve(args, ui)?;
+    let dirs = setup::prepare(args)?;
     let sink = log::init(args.log.as_deref(), ui.verbose)?;
     fsio::ignore_sigio();
     let started = Instant::now();
-    info!(
-        "watching {} → {} ({} workers, settle {}, mode {}{})",
-        show(&src),
-        show(&dest),
-        workers,
-        human_duration(args.settle),
-        mode.name(),
-        if args.delete_plaintext {
-            ", deleting verified plaintext"
-        } else {
-            ""
-        }
-    );
-
-    if dest_created {
-        info!("created DEST {} (it did not exist)", show(&dest));
-    }
-    let cleaned = scan::clean_partials(&dest, &src);
-    if cleaned > 0 {
-        info!("removed {cleaned} temporary file(s) left by an interrupted run");
-    }
+    announce(args, &plan, &dirs);
     // With --delete-plaintext the records are kept, but only sources kept
     // for their other hard links are skipped on them (only this run's
     // session can verify a ciphertext before a deletion).
-    let journal =
-        Arc::new(Mutex::new(Journal::load(&state).with_context(|| {
-            format!("reading the journal in {}", show(&state))
-        })?));
+    let journal = Arc::new(Mutex::new(
+        Journal::load(&dirs.state)
+            .with_context(|| format!("reading the journal in {}", show(&dirs.state)))?,
+    ));
 
-    let session = Session::new(&recipients, params)?;
+    let session = Session::new(&plan.recipients, plan.params)?;
     info!("session {}", session.id);
     let stats = Arc::new(Mutex::new(Stats {
         counters: Counters {
@@ -237,70 +143,190 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     // Signals first, so that a SIGTERM during the scan is not lost.
     let (ctl_tx, ctl_rx) = unbounded::<Ctl>();
     spawn_signals(ctl_tx)?;
-
-    if let Some(addr) = metrics_addr {
-        let listener =
-            std::net::TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
-        let stats = stats.clone();
-        std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || stats::serve_metrics(listener, stats, started))?;
-        info!("metrics on http://{addr}/metrics");
+    if let Some(addr) = plan.metrics {
+        spawn_metrics(addr, &stats, started)?;
     }
 
-    let ctx = Arc::new(Ctx {
-        src_root: File::open(&src).with_context(|| src.display().to_string())?,
-        dest: dest.clone(),
-        dest_id: roots.dest.1,
+    let ctx = context(args, &dirs, &journal, session)?;
+    let pool = Pool::start(&ctx, plan.workers)?;
+    let (ev_rx, watcher) = start_watcher(&dirs.src)?;
+
+    let mut c = Coordinator {
+        src: dirs.src.clone(),
+        ctx,
+        settle: args.settle,
+        sched: Schedule::new(args.settle),
+        work_tx: Some(pool.work_tx.clone()),
+        journal,
+        journal_failed: false,
+        stats: stats.clone(),
+        rescan: false,
+    };
+    c.start(&dirs.state)?;
+    let end = c.run_loop(&LoopIo {
+        args,
+        ctl_rx: &ctl_rx,
+        ev_rx: &ev_rx,
+        done_rx: &pool.done_rx,
+        sink: &sink,
+        recipients: &plan.recipients,
+        params: plan.params,
+        started,
+        roots: &dirs.roots,
+    });
+
+    // Shutdown: no new files; finish those in flight.
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    drop(ev_rx);
+    drop(watcher);
+    c.finish(pool);
+    c.update_gauges();
+    let s = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(path) = &args.stats_json {
+        if let Err(e) = stats::write_json(path, &s.snapshot(started)) {
+            warn!("--stats-json {}: {e:#}", path.display());
+        }
+    }
+    info!("stopped: {}", s.line());
+    drop(dirs); // the locks go last
+    match end {
+        End::Signal => Ok(crate::exit::OK),
+        End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
+    }
+}
+
+/// What the workers and the committer share.
+fn context(
+    args: &WatchArgs,
+    dirs: &setup::Dirs,
+    journal: &Arc<Mutex<Journal>>,
+    session: Session,
+) -> anyhow::Result<Arc<Ctx>> {
+    Ok(Arc::new(Ctx {
+        src_root: File::open(&dirs.src).with_context(|| dirs.src.display().to_string())?,
+        dest: dirs.dest.clone(),
+        dest_id: dirs.roots.dest.1,
         journal: journal.clone(),
         settle: args.settle,
         delete: args.delete_plaintext,
         session: Mutex::new(Arc::new(session)),
         lease_noted: AtomicBool::new(false),
         no_lease_warned: Mutex::new(HashSet::new()),
-    });
+    }))
+}
 
-    let (work_tx, work_rx) = bounded::<Job>(workers * 2);
-    let (done_tx, done_rx) = unbounded::<(PathBuf, Outcome)>();
-    // Complete ciphertexts wait for the committer here; a full channel
-    // holds the workers back (each pending file holds files open).
-    let limits = commit::limits();
-    let (commit_tx, commit_rx) = bounded::<Box<worker::Ready>>(limits.files);
-    let mut handles = Vec::new();
-    {
-        let (ctx, tx) = (ctx.clone(), done_tx.clone());
-        handles.push(
-            std::thread::Builder::new()
-                .name("committer".into())
-                .spawn(move || commit::run(ctx, commit_rx, tx, limits))?,
-        );
+/// The start-up log lines, and the clean-up of temporaries an interrupted
+/// run left in DEST.
+fn announce(args: &WatchArgs, plan: &Plan, dirs: &setup::Dirs) {
+    info!(
+        "watching {} → {} ({} workers, settle {}, mode {}{})",
+        show(&dirs.src),
+        show(&dirs.dest),
+        plan.workers,
+        human_duration(args.settle),
+        plan.mode.name(),
+        if args.delete_plaintext {
+            ", deleting verified plaintext"
+        } else {
+            ""
+        }
+    );
+    if dirs.dest_created {
+        info!("created DEST {} (it did not exist)", show(&dirs.dest));
     }
-    for i in 0..workers {
-        let ctx = ctx.clone();
-        let rx = work_rx.clone();
-        let tx = done_tx.clone();
-        let commit_tx = commit_tx.clone();
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("worker-{i}"))
-                .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        let sent = match worker::process(&ctx, &job) {
-                            Step::Done(outcome) => tx.send((job.rel, outcome)).is_ok(),
-                            Step::Commit(ready) => commit_tx.send(ready).is_ok(),
-                        };
-                        if !sent {
-                            break;
-                        }
-                    }
-                })?,
-        );
+    let cleaned = scan::clean_partials(&dirs.dest, &dirs.src);
+    if cleaned > 0 {
+        info!("removed {cleaned} temporary file(s) left by an interrupted run");
     }
-    drop(done_tx);
-    drop(commit_tx);
+}
 
-    // Watch before scanning: nothing that arrives during the scan is missed
-    // (the scan and the events may both see a file; it is done once).
+/// Serves `--metrics` from a thread of its own.
+fn spawn_metrics(
+    addr: SocketAddr,
+    stats: &Arc<Mutex<Stats>>,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let listener =
+        std::net::TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
+    let stats = stats.clone();
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || stats::serve_metrics(listener, stats, started))?;
+    info!("metrics on http://{addr}/metrics");
+    Ok(())
+}
+
+/// The workers and the committer, and their channels.
+struct Pool {
+    work_tx: Sender<Job>,
+    work_rx: Receiver<Job>,
+    done_rx: Receiver<(PathBuf, Outcome)>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts the committer and `workers` workers.
+    fn start(ctx: &Arc<Ctx>, workers: usize) -> anyhow::Result<Pool> {
+        let (work_tx, work_rx) = bounded::<Job>(workers * 2);
+        let (done_tx, done_rx) = unbounded::<(PathBuf, Outcome)>();
+        // Complete ciphertexts wait for the committer here; a full channel
+        // holds the workers back (each pending file holds files open).
+        let limits = commit::limits();
+        let (commit_tx, commit_rx) = bounded::<Box<worker::Ready>>(limits.files);
+        let mut handles = Vec::new();
+        {
+            let (ctx, tx) = (ctx.clone(), done_tx.clone());
+            handles.push(
+                std::thread::Builder::new()
+                    .name("committer".into())
+                    .spawn(move || commit::run(ctx, commit_rx, tx, limits))?,
+            );
+        }
+        for i in 0..workers {
+            let ctx = ctx.clone();
+            let rx = work_rx.clone();
+            let tx = done_tx.clone();
+            let commit_tx = commit_tx.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("worker-{i}"))
+                    .spawn(move || work(&ctx, &rx, &tx, &commit_tx))?,
+            );
+        }
+        Ok(Pool {
+            work_tx,
+            work_rx,
+            done_rx,
+            handles,
+        })
+    }
+}
+
+/// A worker thread: jobs in, outcomes (or ciphertexts to commit) out.
+fn work(
+    ctx: &Ctx,
+    rx: &Receiver<Job>,
+    tx: &Sender<(PathBuf, Outcome)>,
+    commit_tx: &Sender<Box<worker::Ready>>,
+) {
+    while let Ok(job) = rx.recv() {
+        let sent = match worker::process(ctx, &job) {
+            Step::Done(outcome) => tx.send((job.rel, outcome)).is_ok(),
+            Step::Commit(ready) => commit_tx.send(ready).is_ok(),
+        };
+        if !sent {
+            break;
+        }
+    }
+}
+
+/// The event channel from the inotify thread (with each event's time).
+type Events = Receiver<(notify::Result<Event>, Instant)>;
+
+/// Watches `src` (before the start-up scan: nothing that arrives during
+/// the scan is missed; the scan and the events may both see a file, it is
+/// done once).
+fn start_watcher(src: &Path) -> anyhow::Result<(Events, notify::RecommendedWatcher)> {
     let (ev_tx, ev_rx) = bounded::<(notify::Result<Event>, Instant)>(EVENT_QUEUE);
     let mut watcher = notify::RecommendedWatcher::new(
         move |res: notify::Result<Event>| {
@@ -310,85 +336,9 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     )
     .context("starting inotify")?;
     watcher
-        .watch(&src, RecursiveMode::Recursive)
+        .watch(src, RecursiveMode::Recursive)
         .with_context(|| format!("watching {}", src.display()))?;
-
-    let mut c = Coordinator {
-        src: src.clone(),
-        ctx: ctx.clone(),
-        settle: args.settle,
-        entries: HashMap::new(),
-        timers: BinaryHeap::new(),
-        ready: VecDeque::new(),
-        work_tx: Some(work_tx),
-        in_flight: 0,
-        journal,
-        journal_failed: false,
-        stats: stats.clone(),
-        rescan: false,
-    };
-    let (queued, unchanged) = c.startup_scan();
-    c.journal()
-        .compact()
-        .with_context(|| format!("writing the journal in {}", show(&state)))?;
-    info!("start-up scan: {queued} file(s) to encrypt, {unchanged} already encrypted");
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-
-    let end = c.run_loop(&LoopIo {
-        args,
-        ctl_rx: &ctl_rx,
-        ev_rx: &ev_rx,
-        done_rx: &done_rx,
-        sink: &sink,
-        recipients: &recipients,
-        params,
-        started,
-        roots: &roots,
-    });
-
-    // Shutdown: no new files; finish those in flight.
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-    drop(ev_rx);
-    drop(watcher);
-    let mut abandoned = 0;
-    while work_rx.try_recv().is_ok() {
-        abandoned += 1;
-    }
-    c.in_flight -= abandoned.min(c.in_flight);
-    c.work_tx = None;
-    drop(work_rx);
-    if c.in_flight > 0 {
-        info!("stopping: finishing {} file(s) in flight", c.in_flight);
-    } else {
-        info!("stopping: nothing in flight");
-    }
-    while c.in_flight > 0 {
-        match done_rx.recv() {
-            Ok((rel, outcome)) => c.on_outcome(rel, outcome),
-            Err(_) => break,
-        }
-    }
-    for h in handles {
-        let _ = h.join();
-    }
-    let synced = c.journal().sync();
-    if let Err(e) = synced {
-        warn!("journal: {e}");
-    }
-    c.update_gauges();
-    let s = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some(path) = &args.stats_json {
-        if let Err(e) = stats::write_json(path, &s.snapshot(started)) {
-            warn!("--stats-json {}: {e:#}", path.display());
-        }
-    }
-    info!("stopped: {}", s.line());
-    drop(lock);
-    drop(dest_lock);
-    match end {
-        End::Signal => Ok(crate::exit::OK),
-        End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
-    }
+    Ok((ev_rx, watcher))
 }
 
 /// Why the loop ended.
@@ -400,163 +350,62 @@ enum End {
     Fatal(String),
 }
 
+/// The loop's timers besides the files'.
+struct Clocks {
+    /// --stats-interval (at least 100ms).
+    interval: Duration,
+    /// --rotate (at least 1s).
+    rotate: Option<Duration>,
+    next_stats: Instant,
+    next_rotate: Option<Instant>,
+    /// systemd's watchdog is on: pinged every half its period.
+    watchdog: bool,
+    watchdog_every: Duration,
+    next_watchdog: Instant,
+    next_roots: Instant,
+    /// What the last stats line showed (files, failures, pending): a line
+    /// is logged only when it changes.
+    last_logged: (u64, u64, u64),
+}
+
+impl Clocks {
+    fn new(args: &WatchArgs) -> Clocks {
+        let interval = args.stats_interval.max(Duration::from_millis(100));
+        let rotate = args.rotate.map(|d| d.max(Duration::from_secs(1)));
+        let mut watchdog_usec = 0u64;
+        let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+        Clocks {
+            interval,
+            rotate,
+            next_stats: Instant::now() + interval,
+            next_rotate: rotate.map(|d| Instant::now() + d),
+            watchdog,
+            watchdog_every: Duration::from_micros(watchdog_usec / 2),
+            next_watchdog: Instant::now(),
+            next_roots: Instant::now(),
+            last_logged: (u64::MAX, u64::MAX, u64::MAX),
+        }
+    }
+
+    /// When the loop must wake at the latest (`files`: the next file's
+    /// timer).
+    fn wake(&self, files: Option<Instant>) -> Instant {
+        let mut wake = self.next_stats.min(self.next_roots);
+        if let Some(t) = files {
+            wake = wake.min(t);
+        }
+        if let Some(t) = self.next_rotate {
+            wake = wake.min(t);
+        }
+        if self.watchdog {
+            wake = wake.min(self.next_watchdog);
+        }
+        wake
+    }
+}
+
 /// How often the loop checks that SRC, DEST and the lock are still there.
 const ROOTS_EVERY: Duration = Duration::from_millis(250);
-
-/// SRC, DEST, the state directory and its lock file as they were at
-/// start, by device and inode: a directory removed (and perhaps
-/// recreated), moved away or mounted over is no longer the one watched or
-/// locked.
-struct Roots {
-    src: (PathBuf, (u64, u64)),
-    dest: (PathBuf, (u64, u64)),
-    state: (PathBuf, (u64, u64)),
-    lock: (PathBuf, (u64, u64)),
-}
-
-fn dev_ino(m: &fs::Metadata) -> (u64, u64) {
-    (m.dev(), m.ino())
-}
-
-impl Roots {
-    fn new(src: &Path, dest: &Path, state: &Path, lock: &File) -> anyhow::Result<Roots> {
-        let id = |p: &Path| -> anyhow::Result<(PathBuf, (u64, u64))> {
-            let m = fs::symlink_metadata(p).with_context(|| show(p))?;
-            Ok((p.to_path_buf(), dev_ino(&m)))
-        };
-        Ok(Roots {
-            src: id(src)?,
-            dest: id(dest)?,
-            state: id(state)?,
-            lock: (state.join("lock"), dev_ino(&lock.metadata()?)),
-        })
-    }
-
-    /// An error message if any of them changed.
-    fn check(&self) -> Result<(), String> {
-        let same = |(p, id): &(PathBuf, (u64, u64))| {
-            fs::symlink_metadata(p).is_ok_and(|m| dev_ino(&m) == *id)
-        };
-        if !same(&self.src) {
-            return Err(format!(
-                "{}: SRC was removed, moved or replaced: stopping (a restart watches the \
-                 directory that has its name now)",
-                show(&self.src.0)
-            ));
-        }
-        if !same(&self.dest) {
-            return Err(format!(
-                "{}: DEST was removed, moved or replaced: stopping (it is not recreated: its \
-                 lock and journal went with it)",
-                show(&self.dest.0)
-            ));
-        }
-        if !same(&self.state) || !same(&self.lock) {
-            return Err(format!(
-                "{}: the state directory's lock was removed or replaced: stopping (another \
-                 daemon could take this DEST)",
-                show(&self.lock.0)
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The default state directory's name, inside DEST.
-const STATE_DIR: &str = ".tpmcrypt-watch";
-
-/// The directory, `src` or one of its ancestors, that is (or was) the DEST
-/// of a tpmcrypt watch: it holds a state directory with a lock file.
-fn watched_dest_around(src: &Path) -> Option<PathBuf> {
-    src.ancestors()
-        .find(|dir| {
-            fs::symlink_metadata(dir.join(STATE_DIR).join("lock")).is_ok_and(|m| m.is_file())
-        })
-        .map(Path::to_path_buf)
-}
-
-/// The canonical form `path` will have once created: its deepest existing
-/// ancestor canonicalised, plus the rest.
-fn canonical_to_be(path: &Path) -> anyhow::Result<PathBuf> {
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(path)
-    };
-    let mut existing = abs.as_path();
-    let mut rest = Vec::new();
-    loop {
-        match fs::canonicalize(existing) {
-            Ok(mut out) => {
-                for part in rest.iter().rev() {
-                    match part {
-                        std::path::Component::ParentDir => {
-                            out.pop();
-                        }
-                        std::path::Component::Normal(n) => out.push(n),
-                        _ => {}
-                    }
-                }
-                return Ok(out);
-            }
-            Err(_) => match existing.components().next_back() {
-                Some(last) if existing.parent().is_some() => {
-                    rest.push(last);
-                    existing = existing.parent().unwrap_or(Path::new("/"));
-                }
-                _ => return Err(usage(format!("{}: not a usable path", path.display()))),
-            },
-        }
-    }
-}
-
-fn not_writable(path: &Path, what: &str, e: io::Error) -> anyhow::Error {
-    anyhow::anyhow!("{}: {what} is not writable: {e}", path.display())
-}
-
-fn probe_writable(dir: &Path) -> io::Result<()> {
-    let f = crate::atomic::AtomicFile::create(&dir.join(".tpmcrypt-watch-probe"), 0o600, true)?;
-    drop(f);
-    Ok(())
-}
-
-/// Takes an exclusive `flock` on `f` without waiting; false if another
-/// process holds one.
-fn try_lock(f: &File) -> bool {
-    // SAFETY: flock on a valid fd.
-    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
-}
-
-/// Holds an exclusive lock on DEST itself: one daemon per DEST, whatever
-/// their state directories.
-fn lock_dest(dest: &Path) -> anyhow::Result<File> {
-    let f = File::open(dest).with_context(|| show(dest))?;
-    if !try_lock(&f) {
-        return Err(anyhow::anyhow!(
-            "{}: another tpmcrypt watch is using this DEST",
-            show(dest)
-        ));
-    }
-    Ok(f)
-}
-
-/// Holds an exclusive lock on the state directory: one daemon per state
-/// directory.
-fn lock_state(state: &Path) -> anyhow::Result<File> {
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(state.join("lock"))
-        .map_err(|e| not_writable(state, "the state directory", e))?;
-    if !try_lock(&f) {
-        return Err(anyhow::anyhow!(
-            "{}: another tpmcrypt watch is using this state directory",
-            state.display()
-        ));
-    }
-    Ok(f)
-}
 
 fn spawn_signals(tx: Sender<Ctl>) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -577,27 +426,67 @@ fn spawn_signals(tx: Sender<Ctl>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn backoff(base: Duration, n: u32, max: Duration) -> Duration {
-    base.saturating_mul(1u32 << n.min(20)).min(max)
-}
-
 impl Coordinator {
+    /// The start-up scan, the journal compacted, readiness told.
+    fn start(&mut self, state: &Path) -> anyhow::Result<()> {
+        let (queued, unchanged) = self.startup_scan();
+        self.journal()
+            .compact()
+            .with_context(|| format!("writing the journal in {}", show(state)))?;
+        info!("start-up scan: {queued} file(s) to encrypt, {unchanged} already encrypted");
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        Ok(())
+    }
+
+    /// Shutdown: jobs not yet taken are dropped, those in flight finished,
+    /// the threads joined, the journal synced.
+    fn finish(&mut self, pool: Pool) {
+        let Pool {
+            work_tx,
+            work_rx,
+            done_rx,
+            handles,
+        } = pool;
+        drop(work_tx);
+        let mut abandoned = 0;
+        while work_rx.try_recv().is_ok() {
+            abandoned += 1;
+        }
+        self.sched.abandoned(abandoned);
+        self.work_tx = None;
+        drop(work_rx);
+        if self.sched.in_flight() > 0 {
+            info!(
+                "stopping: finishing {} file(s) in flight",
+                self.sched.in_flight()
+            );
+        } else {
+            info!("stopping: nothing in flight");
+        }
+        while self.sched.in_flight() > 0 {
+            match done_rx.recv() {
+                Ok((rel, outcome)) => self.on_outcome(rel, outcome),
+                Err(_) => break,
+            }
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        let synced = self.journal().sync();
+        if let Err(e) = synced {
+            warn!("journal: {e}");
+        }
+    }
+
+    /// The loop: timers fired, ready files handed out, housekeeping done,
+    /// then a wait for a signal, an outcome, events or the next timer.
     fn run_loop(&mut self, io: &LoopIo<'_>) -> End {
-        let interval = io.args.stats_interval.max(Duration::from_millis(100));
-        let rotate = io.args.rotate.map(|d| d.max(Duration::from_secs(1)));
-        let mut next_stats = Instant::now() + interval;
-        let mut next_rotate = rotate.map(|d| Instant::now() + d);
-        let mut watchdog_usec = 0u64;
-        let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
-        let watchdog_every = Duration::from_micros(watchdog_usec / 2);
-        let mut next_watchdog = Instant::now();
-        let mut next_roots = Instant::now();
-        let mut last_logged = (u64::MAX, u64::MAX, u64::MAX);
+        let mut clocks = Clocks::new(io.args);
         let never_ev = never();
         loop {
-            self.fire_timers();
+            self.sched.tick(Instant::now());
             self.dispatch();
-            if self.rescan && self.entries.len() < MAX_ENTRIES / 2 {
+            if self.rescan && self.sched.len() < MAX_ENTRIES / 2 {
                 self.rescan = false;
                 info!("rescanning {}", show(&self.src));
                 self.scan_dir(Path::new(""), false, None);
@@ -607,120 +496,138 @@ impl Coordinator {
             if let Err(e) = flushed {
                 self.journal_error(e);
             }
-            let now = Instant::now();
-            if now >= next_roots {
-                next_roots = now + ROOTS_EVERY;
-                if let Err(msg) = io.roots.check() {
-                    error!("{msg}");
-                    return End::Fatal(msg);
-                }
+            if let Err(end) = self.housekeeping(io, &mut clocks, Instant::now()) {
+                return end;
             }
-            if now >= next_stats {
-                next_stats = now + interval;
-                self.update_gauges();
-                let s = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let key = (
-                    s.counters.files,
-                    s.counters.failures,
-                    s.counters.settling + s.counters.queue_depth + s.counters.in_flight,
-                );
-                if key != last_logged {
-                    info!("stats: {}", s.line());
-                    last_logged = key;
-                }
-                if let Some(path) = &io.args.stats_json {
-                    if let Err(e) = stats::write_json(path, &s.snapshot(io.started)) {
-                        warn!("--stats-json {}: {e:#}", path.display());
-                    }
-                }
-                let synced = self.journal().sync();
-                if let Err(e) = synced {
-                    self.journal_error(e);
-                }
-                let status = format!(
-                    "{} files encrypted, {} queued",
-                    s.counters.files,
-                    s.counters.settling + s.counters.queue_depth
-                );
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
-            }
-            if let (Some(at), Some(every)) = (next_rotate, rotate) {
-                if now >= at {
-                    next_rotate = Some(now + every);
-                    match Session::new(io.recipients, io.params) {
-                        Ok(s) => {
-                            info!("rotated the session key: session {}", s.id);
-                            *self.ctx.session.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Arc::new(s);
-                            self.stats
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .counters
-                                .sessions += 1;
-                        }
-                        Err(e) => error!("cannot rotate the session key: {e:#}"),
-                    }
-                }
-            }
-            if watchdog && now >= next_watchdog {
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
-                next_watchdog = now + watchdog_every;
-            }
-
-            let mut wake = next_stats.min(next_roots);
-            if let Some(Reverse((t, _))) = self.timers.peek() {
-                wake = wake.min(*t);
-            }
-            if let Some(t) = next_rotate {
-                wake = wake.min(t);
-            }
-            if watchdog {
-                wake = wake.min(next_watchdog);
-            }
+            let wake = clocks.wake(self.sched.next_due());
             let timeout = wake.saturating_duration_since(Instant::now());
-            let events = if self.entries.len() < MAX_ENTRIES {
+            let events = if self.sched.len() < MAX_ENTRIES {
                 io.ev_rx
             } else {
                 &never_ev
             };
-            select! {
-                recv(io.ctl_rx) -> msg => match msg {
-                    Ok(Ctl::Stop(sig)) => {
-                        info!("signal {sig}: stopping");
-                        return End::Signal;
-                    }
-                    Ok(Ctl::Hup) => match io.sink.reopen() {
-                        Ok(true) => info!("SIGHUP: log file reopened"),
-                        Ok(false) => info!("SIGHUP received (logging to stderr: nothing to reopen)"),
-                        Err(e) => error!("SIGHUP: cannot reopen the log file: {e}"),
-                    },
-                    Err(_) => return End::Signal,
-                },
-                recv(io.done_rx) -> msg => {
-                    if let Ok((rel, outcome)) = msg {
-                        self.on_outcome(rel, outcome);
-                        while let Ok((rel, outcome)) = io.done_rx.try_recv() {
-                            self.on_outcome(rel, outcome);
-                        }
-                    }
-                }
-                recv(events) -> msg => {
-                    if let Ok((ev, at)) = msg {
-                        self.on_event(ev, at);
-                        for _ in 0..4096 {
-                            if self.entries.len() >= MAX_ENTRIES {
-                                break;
-                            }
-                            match io.ev_rx.try_recv() {
-                                Ok((ev, at)) => self.on_event(ev, at),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                }
-                default(timeout) => {}
+            if let Some(end) = self.wait(io, events, timeout) {
+                return end;
             }
         }
+    }
+
+    /// What is due at `now` besides files: the roots' check, the stats,
+    /// the session key's rotation, systemd's watchdog.
+    fn housekeeping(
+        &mut self,
+        io: &LoopIo<'_>,
+        clocks: &mut Clocks,
+        now: Instant,
+    ) -> Result<(), End> {
+        if now >= clocks.next_roots {
+            clocks.next_roots = now + ROOTS_EVERY;
+            if let Err(msg) = io.roots.check() {
+                error!("{msg}");
+                return Err(End::Fatal(msg));
+            }
+        }
+        if now >= clocks.next_stats {
+            clocks.next_stats = now + clocks.interval;
+            self.report_stats(io, &mut clocks.last_logged);
+        }
+        if let (Some(at), Some(every)) = (clocks.next_rotate, clocks.rotate) {
+            if now >= at {
+                clocks.next_rotate = Some(now + every);
+                self.rotate_session(io);
+            }
+        }
+        if clocks.watchdog && now >= clocks.next_watchdog {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            clocks.next_watchdog = now + clocks.watchdog_every;
+        }
+        Ok(())
+    }
+
+    /// Every --stats-interval: the stats line (when something changed),
+    /// --stats-json, the journal synced, systemd's status.
+    fn report_stats(&mut self, io: &LoopIo<'_>, last_logged: &mut (u64, u64, u64)) {
+        self.update_gauges();
+        let s = self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let key = (
+            s.counters.files,
+            s.counters.failures,
+            s.counters.settling + s.counters.queue_depth + s.counters.in_flight,
+        );
+        if key != *last_logged {
+            info!("stats: {}", s.line());
+            *last_logged = key;
+        }
+        if let Some(path) = &io.args.stats_json {
+            if let Err(e) = stats::write_json(path, &s.snapshot(io.started)) {
+                warn!("--stats-json {}: {e:#}", path.display());
+            }
+        }
+        let synced = self.journal().sync();
+        if let Err(e) = synced {
+            self.journal_error(e);
+        }
+        let status = format!(
+            "{} files encrypted, {} queued",
+            s.counters.files,
+            s.counters.settling + s.counters.queue_depth
+        );
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&status)]);
+    }
+
+    /// --rotate: a new session key for the files taken from now on.
+    fn rotate_session(&self, io: &LoopIo<'_>) {
+        match Session::new(io.recipients, io.params) {
+            Ok(s) => {
+                info!("rotated the session key: session {}", s.id);
+                *self.ctx.session.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(s);
+                self.count(|c| c.sessions += 1);
+            }
+            Err(e) => error!("cannot rotate the session key: {e:#}"),
+        }
+    }
+
+    /// Waits up to `timeout` for a signal, outcomes or events, and handles
+    /// them. Some when the loop is to end.
+    fn wait(&mut self, io: &LoopIo<'_>, events: &Events, timeout: Duration) -> Option<End> {
+        select! {
+            recv(io.ctl_rx) -> msg => match msg {
+                Ok(Ctl::Stop(sig)) => {
+                    info!("signal {sig}: stopping");
+                    return Some(End::Signal);
+                }
+                Ok(Ctl::Hup) => match io.sink.reopen() {
+                    Ok(true) => info!("SIGHUP: log file reopened"),
+                    Ok(false) => info!("SIGHUP received (logging to stderr: nothing to reopen)"),
+                    Err(e) => error!("SIGHUP: cannot reopen the log file: {e}"),
+                },
+                Err(_) => return Some(End::Signal),
+            },
+            recv(io.done_rx) -> msg => {
+                if let Ok((rel, outcome)) = msg {
+                    self.on_outcome(rel, outcome);
+                    while let Ok((rel, outcome)) = io.done_rx.try_recv() {
+                        self.on_outcome(rel, outcome);
+                    }
+                }
+            }
+            recv(events) -> msg => {
+                if let Ok((ev, at)) = msg {
+                    self.on_event(ev, at);
+                    for _ in 0..4096 {
+                        if self.sched.len() >= MAX_ENTRIES {
+                            break;
+                        }
+                        match io.ev_rx.try_recv() {
+                            Ok((ev, at)) => self.on_event(ev, at),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            default(timeout) => {}
+        }
+        None
     }
 
     fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
@@ -749,7 +656,7 @@ impl Coordinator {
         // sources that are gone are dropped, so that their ciphertexts are
         // never replaced.
         self.journal().retain(|p, _| present.contains(p));
-        (self.entries.len(), unchanged.len())
+        (self.sched.len(), unchanged.len())
     }
 
     /// Scans `src/rel`: regular files not already encrypted (per the
@@ -764,7 +671,7 @@ impl Coordinator {
         let mut unchanged = HashSet::new();
         let mut found = Vec::new();
         let mut full = false;
-        let room = MAX_ENTRIES.saturating_sub(self.entries.len());
+        let room = MAX_ENTRIES.saturating_sub(self.sched.len());
         let src = self.src.clone();
         scan::walk(
             &src,
@@ -795,7 +702,7 @@ impl Coordinator {
             if let Some(p) = present.as_deref_mut() {
                 p.insert(f.rel.clone());
             }
-            if self.entries.contains_key(&f.rel) {
+            if self.sched.contains(&f.rel) {
                 continue;
             }
             // Under --delete-plaintext only sources kept for their other
@@ -884,7 +791,7 @@ impl Coordinator {
         }
     }
 
-    /// Makes `rel` due at `due` (de-duplicated by path). A source this
+    /// Makes `rel` due at `due` (see [`Schedule::seen`]). A source this
     /// process has moved aside to remove it is not a new file.
     fn schedule(&mut self, rel: PathBuf, due: Instant, event_at: Option<Instant>) {
         if rel
@@ -894,111 +801,27 @@ impl Coordinator {
         {
             return;
         }
-        match self.entries.get_mut(&rel) {
-            None => {
-                self.entries.insert(
-                    rel.clone(),
-                    Entry {
-                        state: State::Waiting,
-                        due,
-                        event_at,
-                        dirty: false,
-                        failures: 0,
-                        busy: 0,
-                    },
-                );
-                self.timers.push(Reverse((due, rel)));
-            }
-            Some(e) => {
-                if event_at.is_some() {
-                    e.event_at = event_at;
-                }
-                match e.state {
-                    State::InFlight => {
-                        e.dirty = true;
-                        e.due = e.due.max(due);
-                    }
-                    // A later due date is picked up when the entry leaves
-                    // the ready queue.
-                    State::Ready => e.due = due,
-                    State::Waiting => {
-                        let earlier = due < e.due;
-                        e.due = due;
-                        if earlier {
-                            self.timers.push(Reverse((due, rel)));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Re-arms an entry after an attempt.
-    fn reschedule(&mut self, rel: PathBuf, due: Instant) {
-        if let Some(e) = self.entries.get_mut(&rel) {
-            e.state = State::Waiting;
-            e.dirty = false;
-            e.due = due;
-            self.timers.push(Reverse((due, rel)));
-        }
-    }
-
-    /// Moves due entries to the ready queue.
-    fn fire_timers(&mut self) {
-        let now = Instant::now();
-        while let Some(Reverse((t, _))) = self.timers.peek() {
-            if *t > now {
-                break;
-            }
-            let Some(Reverse((_, rel))) = self.timers.pop() else {
-                break;
-            };
-            let Some(e) = self.entries.get_mut(&rel) else {
-                continue;
-            };
-            if e.state != State::Waiting {
-                continue;
-            }
-            if e.due > now {
-                // Postponed since this timer was set.
-                let due = e.due;
-                self.timers.push(Reverse((due, rel)));
-                continue;
-            }
-            e.state = State::Ready;
-            self.ready.push_back(rel);
-        }
+        self.sched.seen(rel, due, event_at);
     }
 
     /// Hands ready entries to the workers while the work channel has room.
     fn dispatch(&mut self) {
         let Some(tx) = &self.work_tx else { return };
         let now = Instant::now();
-        while let Some(rel) = self.ready.pop_front() {
-            let Some(e) = self.entries.get_mut(&rel) else {
-                continue;
-            };
-            if e.state != State::Ready {
-                continue;
-            }
-            if e.due > now + Duration::from_millis(1) {
-                e.state = State::Waiting;
-                let due = e.due;
-                self.timers.push(Reverse((due, rel)));
-                continue;
-            }
+        while let Some(rel) = self.sched.next_job(now) {
             let (prev, fresh) = {
                 let j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
                 (j.get(&rel), j.is_fresh(&rel))
             };
-            let job = Job { prev, fresh, rel };
+            let job = Job {
+                prev,
+                fresh,
+                rel: rel.clone(),
+            };
             match tx.try_send(job) {
-                Ok(()) => {
-                    e.state = State::InFlight;
-                    self.in_flight += 1;
-                }
+                Ok(()) => self.sched.sent(&rel),
                 Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
-                    self.ready.push_front(job.rel);
+                    self.sched.not_sent(job.rel);
                     break;
                 }
             }
@@ -1056,14 +879,7 @@ impl Coordinator {
                 | EventKind::Remove(RemoveKind::Any)
                 | EventKind::Remove(RemoveKind::Other) => self.forget(&rel, false),
                 EventKind::Remove(RemoveKind::Folder) => self.forget(&rel, true),
-                EventKind::Modify(ModifyKind::Data(_)) => {
-                    if let Some(e) = self.entries.get_mut(&rel) {
-                        match e.state {
-                            State::InFlight => e.dirty = true,
-                            _ => e.due = e.due.max(settle_at),
-                        }
-                    }
-                }
+                EventKind::Modify(ModifyKind::Data(_)) => self.sched.written(&rel, settle_at),
                 _ => {}
             }
         }
@@ -1071,31 +887,14 @@ impl Coordinator {
 
     /// A path went away (removed or moved out of SRC).
     fn forget(&mut self, rel: &Path, tree: bool) {
-        let gone: Vec<PathBuf> = if tree {
-            self.entries
-                .keys()
-                .filter(|p| p.starts_with(rel))
-                .cloned()
-                .collect()
-        } else {
-            vec![rel.to_path_buf()]
-        };
-        for p in gone {
-            // In flight: the worker will find it gone (or, if a new file
-            // took the name, its own events bring it back). Its record is
-            // kept: the worker itself moves a source aside before removing
-            // it, and puts it back if it changed (or a crash leaves it
-            // aside, renamed back at the next start), and that source's
-            // record says which ciphertext is its own. The outcome settles
-            // the record (Gone removes it).
-            if self
-                .entries
-                .get(&p)
-                .is_some_and(|e| e.state == State::InFlight)
-            {
-                continue;
-            }
-            self.entries.remove(&p);
+        // In flight: the worker will find it gone (or, if a new file took
+        // the name, its own events bring it back). Its record is kept: the
+        // worker itself moves a source aside before removing it, and puts
+        // it back if it changed (or a crash leaves it aside, renamed back
+        // at the next start), and that source's record says which
+        // ciphertext is its own. The outcome settles the record (Gone
+        // removes it).
+        for p in self.sched.forget(rel, tree) {
             let removed = self.journal().remove(&p);
             if let Err(e) = removed {
                 self.journal_error(e);
@@ -1106,16 +905,16 @@ impl Coordinator {
         }
     }
 
+    /// A worker's outcome: the schedule says what becomes of the file;
+    /// the stats, the journal and the log follow.
     fn on_outcome(&mut self, rel: PathBuf, outcome: Outcome) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        let now = Instant::now();
-        let Some(e) = self.entries.get_mut(&rel) else {
+        let Some(f) = self
+            .sched
+            .finished(&rel, attempt_of(&outcome), Instant::now())
+        else {
             return;
         };
-        let dirty = e.dirty;
-        let event_at = e.event_at;
-        let mut done = true;
-        let mut retry_at = None;
+        let wait = f.wait.unwrap_or_default();
         match outcome {
             Outcome::Encrypted {
                 rec,
@@ -1124,53 +923,27 @@ impl Coordinator {
                 done_at,
                 service,
             } => {
-                e.failures = 0;
-                e.busy = 0;
-                e.event_at = None;
                 {
                     let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                     s.counters.files += 1;
                     s.counters.bytes += rec.size;
                     s.service.record(service);
-                    if let Some(t) = event_at {
+                    if let Some(t) = f.event_at {
                         s.latency.record(done_at.saturating_duration_since(t));
                     }
-                    if deleted {
-                        s.counters.deleted += 1;
-                    }
-                    if no_lease {
-                        s.counters.kept_no_lease += 1;
-                    }
+                    s.counters.deleted += u64::from(deleted);
+                    s.counters.kept_no_lease += u64::from(no_lease);
                 }
-                let r = if deleted {
-                    debug!("encrypted and removed {}", show(&rel));
-                    self.journal().remove(&rel)
-                } else {
-                    debug!("encrypted {}", show(&rel));
-                    self.journal().put(&rel, rec)
-                };
-                if let Err(err) = r {
-                    self.journal_error(err);
-                }
+                self.record_encrypted(&rel, rec, deleted);
             }
-            Outcome::Unchanged => {
-                self.stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .counters
-                    .unchanged += 1;
-            }
+            Outcome::Unchanged => self.count(|c| c.unchanged += 1),
             Outcome::NotRegular(kind) => {
                 info!(
                     "skipping {}: {} (only regular files are encrypted; symlinks are not followed)",
                     show(&rel),
                     kind.name()
                 );
-                self.stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .counters
-                    .skipped += 1;
+                self.count(|c| c.skipped += 1);
             }
             Outcome::Gone => {
                 debug!("{} is gone", show(&rel));
@@ -1180,82 +953,73 @@ impl Coordinator {
                     self.journal_error(err);
                 }
             }
-            Outcome::Busy => {
-                e.busy += 1;
-                let wait = backoff(
-                    self.settle.max(Duration::from_millis(100)),
-                    e.busy - 1,
-                    MAX_BUSY_WAIT,
-                );
-                debug!(
-                    "{} is still open for writing; looking again in {}",
-                    show(&rel),
-                    human_duration(wait)
-                );
-                done = false;
-                retry_at = Some(now + wait);
-            }
-            Outcome::NotSettled(d) => {
-                done = false;
-                retry_at = Some(now + d);
-            }
+            Outcome::Busy => debug!(
+                "{} is still open for writing; looking again in {}",
+                show(&rel),
+                human_duration(wait)
+            ),
+            Outcome::NotSettled(_) => {}
             Outcome::Changed => {
                 info!(
                     "{} changed while being encrypted: doing it again",
                     show(&rel)
                 );
-                self.stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .counters
-                    .changed += 1;
-                done = false;
-                retry_at = Some(now + self.settle);
+                self.count(|c| c.changed += 1);
             }
             Outcome::Failed(err) => {
-                e.failures += 1;
-                let wait = backoff(Duration::from_secs(1), e.failures - 1, MAX_BACKOFF);
                 warn!(
                     "{}: {} (attempt {}; retrying in {})",
                     show(&rel),
                     crate::files::one_line(&err),
-                    e.failures,
+                    f.attempt,
                     human_duration(wait)
                 );
-                self.stats
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .counters
-                    .failures += 1;
-                done = false;
-                retry_at = Some(now + wait);
+                self.count(|c| c.failures += 1);
             }
-        }
-        if dirty {
-            // Events arrived meanwhile: look again once settled.
-            let due = self.entries.get(&rel).map_or(now, |e| e.due).max(now);
-            let due = retry_at.map_or(due, |r| r.min(due).max(now));
-            self.reschedule(rel, due);
-        } else if done {
-            self.entries.remove(&rel);
-        } else if let Some(at) = retry_at {
-            self.reschedule(rel, at);
         }
     }
 
-    fn update_gauges(&self) {
-        let mut settling = 0;
-        let mut ready = 0;
-        for e in self.entries.values() {
-            match e.state {
-                State::Waiting => settling += 1,
-                State::Ready => ready += 1,
-                State::InFlight => {}
-            }
+    /// The journal after an encryption: the record, or none for a source
+    /// removed.
+    fn record_encrypted(&mut self, rel: &Path, rec: Record, deleted: bool) {
+        let r = if deleted {
+            debug!("encrypted and removed {}", show(rel));
+            self.journal().remove(rel)
+        } else {
+            debug!("encrypted {}", show(rel));
+            self.journal().put(rel, rec)
+        };
+        if let Err(err) = r {
+            self.journal_error(err);
         }
+    }
+
+    /// Adds to a counter.
+    fn count(&self, add: impl FnOnce(&mut Counters)) {
+        add(&mut self
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counters);
+    }
+
+    fn update_gauges(&self) {
+        let g = self.sched.gauges();
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.counters.settling = settling;
-        s.counters.queue_depth = ready;
-        s.counters.in_flight = self.in_flight as u64;
+        s.counters.settling = g.settling;
+        s.counters.queue_depth = g.ready;
+        s.counters.in_flight = g.in_flight;
+    }
+}
+
+/// What an outcome means for the schedule.
+fn attempt_of(outcome: &Outcome) -> Attempt {
+    match outcome {
+        Outcome::Encrypted { .. } => Attempt::Encrypted,
+        Outcome::Unchanged | Outcome::NotRegular(_) | Outcome::Gone => Attempt::Finished,
+        Outcome::Busy => Attempt::Busy,
+        Outcome::NotSettled(d) => Attempt::NotSettled(*d),
+        Outcome::Changed => Attempt::Changed,
+        Outcome::Failed(_) => Attempt::Failed,
     }
 }

@@ -10,6 +10,13 @@
 //! bounded channel; the workers share one `Encryptor` per session and hand
 //! complete ciphertexts to one committer thread, which makes them durable
 //! in groups (`commit.rs`, on `crate::batch`) and sends the outcomes back.
+//!
+//! The coordinator (`coord.rs`) is glue: it checks and locks the
+//! directories (`setup.rs`), feeds inotify events, scans and worker
+//! outcomes to the scheduling state machine (`schedule.rs`: settle timers,
+//! ready queue, retries, what becomes of a file after an attempt; given the
+//! time, never reading it) and carries out the rest (jobs, journal, stats,
+//! log).
 
 mod commit;
 mod coord;
@@ -18,6 +25,8 @@ mod journal;
 mod load;
 mod log;
 mod scan;
+mod schedule;
+mod setup;
 mod stats;
 mod units;
 mod worker;

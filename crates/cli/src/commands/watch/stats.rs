@@ -209,90 +209,12 @@ impl Stats {
     /// Prometheus text exposition format (0.0.4).
     pub fn prometheus(&self, started: Instant) -> String {
         let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        for (name, kind, help, value) in self.scalar_metrics(started) {
             out.push_str(&format!(
                 "# HELP tpmcrypt_watch_{name} {help}\n# TYPE tpmcrypt_watch_{name} {kind}\n\
                  tpmcrypt_watch_{name} {value}\n"
             ));
-        };
-        metric(
-            "files_total",
-            "counter",
-            "Files encrypted (ciphertext durable).",
-            self.counters.files.to_string(),
-        );
-        metric(
-            "bytes_total",
-            "counter",
-            "Plaintext bytes encrypted.",
-            self.counters.bytes.to_string(),
-        );
-        metric(
-            "failures_total",
-            "counter",
-            "Failed attempts (each is retried).",
-            self.counters.failures.to_string(),
-        );
-        metric(
-            "unchanged_total",
-            "counter",
-            "Files found already encrypted and unchanged.",
-            self.counters.unchanged.to_string(),
-        );
-        metric(
-            "skipped_total",
-            "counter",
-            "Entries skipped: symlinks, FIFOs, sockets, devices.",
-            self.counters.skipped.to_string(),
-        );
-        metric(
-            "changed_total",
-            "counter",
-            "Files that changed while being encrypted.",
-            self.counters.changed.to_string(),
-        );
-        metric(
-            "deleted_total",
-            "counter",
-            "Plaintexts removed after verification.",
-            self.counters.deleted.to_string(),
-        );
-        metric(
-            "kept_no_lease_total",
-            "counter",
-            "Sources kept under --delete-plaintext: no file lease could be taken.",
-            self.counters.kept_no_lease.to_string(),
-        );
-        metric(
-            "settling",
-            "gauge",
-            "Files waiting for --settle.",
-            self.counters.settling.to_string(),
-        );
-        metric(
-            "queue_depth",
-            "gauge",
-            "Files waiting for a worker.",
-            self.counters.queue_depth.to_string(),
-        );
-        metric(
-            "in_flight",
-            "gauge",
-            "Files being encrypted.",
-            self.counters.in_flight.to_string(),
-        );
-        metric(
-            "sessions_total",
-            "counter",
-            "Session keys drawn.",
-            self.counters.sessions.to_string(),
-        );
-        metric(
-            "uptime_seconds",
-            "gauge",
-            "Seconds since start.",
-            format!("{:.3}", started.elapsed().as_secs_f64()),
-        );
+        }
         for (name, help, h) in [
             (
                 "latency_seconds",
@@ -301,23 +223,116 @@ impl Stats {
             ),
             ("service_seconds", "Worker time per file.", &self.service),
         ] {
-            out.push_str(&format!(
-                "# HELP tpmcrypt_watch_{name} {help}\n# TYPE tpmcrypt_watch_{name} summary\n"
-            ));
-            for q in [0.5, 0.95, 0.99] {
-                out.push_str(&format!(
-                    "tpmcrypt_watch_{name}{{quantile=\"{q}\"}} {:.6}\n",
-                    h.quantile_ms(q) / 1e3
-                ));
-            }
-            let s = h.summary();
-            out.push_str(&format!(
-                "tpmcrypt_watch_{name}_sum {:.6}\ntpmcrypt_watch_{name}_count {}\n",
-                s.sum_s, s.count
-            ));
+            summary_metric(&mut out, name, help, h);
         }
         out
     }
+
+    /// The counters and gauges: (name, type, help, value). Over 80 lines
+    /// only because it is a table, one row per metric.
+    fn scalar_metrics(
+        &self,
+        started: Instant,
+    ) -> [(&'static str, &'static str, &'static str, String); 13] {
+        [
+            (
+                "files_total",
+                "counter",
+                "Files encrypted (ciphertext durable).",
+                self.counters.files.to_string(),
+            ),
+            (
+                "bytes_total",
+                "counter",
+                "Plaintext bytes encrypted.",
+                self.counters.bytes.to_string(),
+            ),
+            (
+                "failures_total",
+                "counter",
+                "Failed attempts (each is retried).",
+                self.counters.failures.to_string(),
+            ),
+            (
+                "unchanged_total",
+                "counter",
+                "Files found already encrypted and unchanged.",
+                self.counters.unchanged.to_string(),
+            ),
+            (
+                "skipped_total",
+                "counter",
+                "Entries skipped: symlinks, FIFOs, sockets, devices.",
+                self.counters.skipped.to_string(),
+            ),
+            (
+                "changed_total",
+                "counter",
+                "Files that changed while being encrypted.",
+                self.counters.changed.to_string(),
+            ),
+            (
+                "deleted_total",
+                "counter",
+                "Plaintexts removed after verification.",
+                self.counters.deleted.to_string(),
+            ),
+            (
+                "kept_no_lease_total",
+                "counter",
+                "Sources kept under --delete-plaintext: no file lease could be taken.",
+                self.counters.kept_no_lease.to_string(),
+            ),
+            (
+                "settling",
+                "gauge",
+                "Files waiting for --settle.",
+                self.counters.settling.to_string(),
+            ),
+            (
+                "queue_depth",
+                "gauge",
+                "Files waiting for a worker.",
+                self.counters.queue_depth.to_string(),
+            ),
+            (
+                "in_flight",
+                "gauge",
+                "Files being encrypted.",
+                self.counters.in_flight.to_string(),
+            ),
+            (
+                "sessions_total",
+                "counter",
+                "Session keys drawn.",
+                self.counters.sessions.to_string(),
+            ),
+            (
+                "uptime_seconds",
+                "gauge",
+                "Seconds since start.",
+                format!("{:.3}", started.elapsed().as_secs_f64()),
+            ),
+        ]
+    }
+}
+
+/// A histogram as a Prometheus summary: quantiles, sum and count.
+fn summary_metric(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    out.push_str(&format!(
+        "# HELP tpmcrypt_watch_{name} {help}\n# TYPE tpmcrypt_watch_{name} summary\n"
+    ));
+    for q in [0.5, 0.95, 0.99] {
+        out.push_str(&format!(
+            "tpmcrypt_watch_{name}{{quantile=\"{q}\"}} {:.6}\n",
+            h.quantile_ms(q) / 1e3
+        ));
+    }
+    let s = h.summary();
+    out.push_str(&format!(
+        "tpmcrypt_watch_{name}_sum {:.6}\ntpmcrypt_watch_{name}_count {}\n",
+        s.sum_s, s.count
+    ));
 }
 
 /// Writes the JSON snapshot to `path`, crash-safe (temporary, fsync,
@@ -404,6 +419,54 @@ mod tests {
         }
         assert!((h.mean_ms() - 500.5).abs() < 0.01);
         assert_eq!(Histogram::default().quantile_ms(0.5), 0.0);
+    }
+
+    #[test]
+    fn prometheus_text_has_every_metric_with_help_type_and_value() {
+        let mut s = Stats::default();
+        let c = &mut s.counters;
+        (c.files, c.bytes, c.failures, c.unchanged, c.skipped) = (1, 2, 3, 4, 5);
+        (c.changed, c.deleted, c.kept_no_lease, c.settling) = (6, 7, 8, 9);
+        (c.queue_depth, c.in_flight, c.sessions) = (10, 11, 12);
+        s.latency.record(Duration::from_millis(250));
+        s.service.record(Duration::from_millis(40));
+        s.service.record(Duration::from_millis(60));
+        let text = s.prometheus(Instant::now());
+        let lines: Vec<&str> = text.lines().collect();
+        let scalars = [
+            ("files_total", "counter", "1"),
+            ("bytes_total", "counter", "2"),
+            ("failures_total", "counter", "3"),
+            ("unchanged_total", "counter", "4"),
+            ("skipped_total", "counter", "5"),
+            ("changed_total", "counter", "6"),
+            ("deleted_total", "counter", "7"),
+            ("kept_no_lease_total", "counter", "8"),
+            ("settling", "gauge", "9"),
+            ("queue_depth", "gauge", "10"),
+            ("in_flight", "gauge", "11"),
+            ("sessions_total", "counter", "12"),
+        ];
+        for (i, (name, kind, value)) in scalars.iter().enumerate() {
+            let at = &lines[3 * i..3 * i + 3];
+            assert!(
+                at[0].starts_with(&format!("# HELP tpmcrypt_watch_{name} ")),
+                "{at:?}"
+            );
+            assert_eq!(at[1], format!("# TYPE tpmcrypt_watch_{name} {kind}"));
+            assert_eq!(at[2], format!("tpmcrypt_watch_{name} {value}"));
+        }
+        assert_eq!(lines[37], "# TYPE tpmcrypt_watch_uptime_seconds gauge");
+        assert!(lines[38].starts_with("tpmcrypt_watch_uptime_seconds 0.0"));
+        assert_eq!(lines[40], "# TYPE tpmcrypt_watch_latency_seconds summary");
+        assert!(lines[41].starts_with("tpmcrypt_watch_latency_seconds{quantile=\"0.5\"} 0.2"));
+        assert_eq!(lines[44], "tpmcrypt_watch_latency_seconds_sum 0.250000");
+        assert_eq!(lines[45], "tpmcrypt_watch_latency_seconds_count 1");
+        assert_eq!(lines[47], "# TYPE tpmcrypt_watch_service_seconds summary");
+        assert_eq!(lines[51], "tpmcrypt_watch_service_seconds_sum 0.100000");
+        assert_eq!(lines[52], "tpmcrypt_watch_service_seconds_count 2");
+        assert_eq!(lines.len(), 53);
+        assert!(text.ends_with('\n'));
     }
 
     #[test]

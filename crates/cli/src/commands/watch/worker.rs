@@ -312,64 +312,16 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
     let links = ctx.delete && st0.nlink > 1;
     let no_lease = ctx.delete && !links && fsio::writers(&file) == Writers::Unknown;
     let kept = links || no_lease;
-    if !ctx.delete || kept {
-        if let Some(prev) = job.prev {
-            if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
-                && ciphertext_present(&ctx.version_path(&job.rel, prev.version), &prev)
-            {
-                return Ok(Step::Done(Outcome::Unchanged));
-            }
-        }
-    }
-    if !st0.mtime_in_future() {
-        let age = st0.age();
-        if age < ctx.settle {
-            return Ok(Step::Done(Outcome::NotSettled(ctx.settle - age)));
-        }
-    }
-    match fsio::writers(&file) {
-        Writers::Busy => return Ok(Step::Done(Outcome::Busy)),
-        Writers::Unknown => {
-            if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
-                tracing::info!(
-                    "file leases are not available here (not the files' owner, or unsupported); \
-                     an open writer is detected by --settle and by re-checking after encryption{}",
-                    if ctx.delete {
-                        "; with --delete-plaintext such files are encrypted but kept"
-                    } else {
-                        ""
-                    }
-                );
-            }
-        }
-        Writers::None => {}
+    if let Some(outcome) = not_now(ctx, job, &file, &st0, !ctx.delete || kept) {
+        return Ok(Step::Done(outcome));
     }
     ctx.check_dest()?;
     ctx.create_dest_dirs(&job.rel)?;
     let session = ctx.session();
-    let (version, dest, replace) = ctx.target(job, &st0, &file, &session);
-    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
-        .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
-    let result = {
-        let w = BufWriter::with_capacity(64 << 10, out.file());
-        session
-            .encryptor
-            .encrypt_file(&file, w, &StreamOptions::sequential())
-    };
-    let st1 = Stamp::of(&file.metadata()?);
-    if st1 != st0 {
-        // `out` is dropped: the temporary goes, nothing is renamed.
-        return Ok(Step::Done(Outcome::Changed));
-    }
-    result.context("encrypting")?;
-    let ct = out.file().metadata()?;
-    let rec = Record {
-        size: st0.size,
-        mtime_ns: st0.mtime_ns,
-        ino: st0.ino,
-        ct_len: ct.len(),
-        version,
-        ct_ino: ct.ino(),
+    let Temporary { out, rec, dest } = match encrypt_to_temporary(ctx, job, &file, &st0, &session)?
+    {
+        Ok(t) => t,
+        Err(outcome) => return Ok(Step::Done(outcome)),
     };
     let mut source = None;
     if ctx.delete && !kept {
@@ -402,6 +354,90 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
         },
         out,
     })))
+}
+
+/// Why the source is not to be encrypted now, if it is not: unchanged
+/// since its record (when `skippable`), modified less than --settle ago,
+/// or open for writing.
+fn not_now(ctx: &Ctx, job: &Job, file: &File, st0: &Stamp, skippable: bool) -> Option<Outcome> {
+    if skippable {
+        if let Some(prev) = job.prev {
+            if prev.same_source(st0.size, st0.mtime_ns, st0.ino)
+                && ciphertext_present(&ctx.version_path(&job.rel, prev.version), &prev)
+            {
+                return Some(Outcome::Unchanged);
+            }
+        }
+    }
+    if !st0.mtime_in_future() {
+        let age = st0.age();
+        if age < ctx.settle {
+            return Some(Outcome::NotSettled(ctx.settle - age));
+        }
+    }
+    match fsio::writers(file) {
+        Writers::Busy => return Some(Outcome::Busy),
+        Writers::Unknown => {
+            if !ctx.lease_noted.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    "file leases are not available here (not the files' owner, or unsupported); \
+                     an open writer is detected by --settle and by re-checking after encryption{}",
+                    if ctx.delete {
+                        "; with --delete-plaintext such files are encrypted but kept"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        Writers::None => {}
+    }
+    None
+}
+
+/// Encrypts the source into a temporary beside its ciphertext's name:
+/// the temporary, its record and that name; or `Changed` if the source
+/// changed meanwhile (the temporary is then dropped, nothing renamed).
+fn encrypt_to_temporary(
+    ctx: &Ctx,
+    job: &Job,
+    file: &File,
+    st0: &Stamp,
+    session: &Session,
+) -> anyhow::Result<Result<Temporary, Outcome>> {
+    let (version, dest, replace) = ctx.target(job, st0, file, session);
+    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
+        .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
+    let result = {
+        let w = BufWriter::with_capacity(64 << 10, out.file());
+        session
+            .encryptor
+            .encrypt_file(file, w, &StreamOptions::sequential())
+    };
+    let st1 = Stamp::of(&file.metadata()?);
+    if st1 != *st0 {
+        return Ok(Err(Outcome::Changed));
+    }
+    result.context("encrypting")?;
+    let ct = out.file().metadata()?;
+    let rec = Record {
+        size: st0.size,
+        mtime_ns: st0.mtime_ns,
+        ino: st0.ino,
+        ct_len: ct.len(),
+        version,
+        ct_ino: ct.ino(),
+    };
+    Ok(Ok(Temporary { out, rec, dest }))
+}
+
+/// A ciphertext complete under its temporary name.
+struct Temporary {
+    out: AtomicFile,
+    /// Its journal record.
+    rec: Record,
+    /// Its final name.
+    dest: PathBuf,
 }
 
 /// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
