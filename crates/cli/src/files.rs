@@ -16,8 +16,9 @@ use tpmcrypt_cipher::{StreamOptions, Timings};
 use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile};
 use crate::batch::{self, Batch, CommitError, Original, Pending};
-use crate::exit::{self, usage};
 use crate::stamp::Stamp;
+use crate::ui::exit::{self, usage};
+use crate::ui::{one_line, printable, shown};
 
 /// Suffix of encrypted files.
 pub const SUFFIX: &str = "tpmc";
@@ -615,8 +616,8 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
         }
         match run_one(i, task, opts, transform) {
             // Standard output is the only output of such a run.
-            Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
-                crate::stdout::end_by_sigpipe()
+            Err(err) if task.sink == Sink::Stdout && crate::ui::stdout::is_broken_pipe(&err) => {
+                crate::ui::stdout::end_by_sigpipe()
             }
             r => {
                 let r = retry_out_of_files(r, i, tasks, opts, transform, &mut batch, &mut summary);
@@ -833,44 +834,6 @@ enum Done {
     Pending(Pending<(usize, u64)>),
 }
 
-/// A path as it may stand in one line on a terminal: as [`printable`], and
-/// each byte that is not UTF-8 shown as `\xNN` (two names that differ
-/// only there stay two names, where a lossy conversion would show both
-/// with U+FFFD). For display only: the path itself is used as bytes.
-pub fn shown(path: &Path) -> String {
-    let mut out = String::new();
-    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
-        out.push_str(&printable(chunk.valid()));
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// The cause chain on one line, as [`printable`].
-pub fn one_line(err: &anyhow::Error) -> String {
-    let hint = exit::hint(err).unwrap_or("");
-    printable(&format!("{err:#}{hint}"))
-}
-
-/// Text as it may stand in one line on a terminal: control characters (a
-/// newline in a file name, a terminal escape sequence) are shown escaped,
-/// `\n`, `\x1b`, never passed through.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
     Ok(File::from(fd.try_clone_to_owned()?))
 }
@@ -964,7 +927,7 @@ fn run_one(
                 // Only standard output's reader going away ends a run quietly.
                 let err = if tap.reader_gone && task.sink == Sink::Stdout {
                     let gone = io::Error::from(io::ErrorKind::BrokenPipe);
-                    err.context(crate::stdout::WriteFailed(gone))
+                    err.context(crate::ui::stdout::WriteFailed(gone))
                 } else {
                     err
                 };
@@ -986,10 +949,10 @@ fn run_one(
     const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
         Sink::Stdout => {
-            if crate::stdout::closed_at_start() {
+            if crate::ui::stdout::closed_at_start() {
                 // Rather than write into the /dev/null put in its place.
-                let closed = anyhow::Error::new(crate::stdout::Closed);
-                return Err(closed.context(write_error(&crate::stdout::LABEL)));
+                let closed = anyhow::Error::new(crate::ui::stdout::Closed);
+                return Err(closed.context(write_error(&crate::ui::stdout::LABEL)));
             }
             let stdout = io::stdout();
             if opts.refuse_tty_output && stdout.is_terminal() {
@@ -998,7 +961,7 @@ fn run_one(
                 ));
             }
             let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &crate::stdout::LABEL, STREAMED)?
+            transform_into(&mut out, &crate::ui::stdout::LABEL, STREAMED)?
         }
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
@@ -1131,21 +1094,6 @@ mod tests {
             backend: None,
             inputs: inputs.iter().map(PathBuf::from).collect(),
         }
-    }
-
-    #[test]
-    fn printable_escapes_control_characters_only() {
-        assert_eq!(printable("a\nb\tc\rd"), "a\\nb\\tc\\rd");
-        assert_eq!(printable("\u{1b}[2J\u{7f}\u{9b}"), "\\x1b[2J\\x7f\\x9b");
-        assert_eq!(printable("été/日本 \\ ok"), "été/日本 \\ ok");
-        let err = anyhow::anyhow!("line one\nline two").context("x\ny");
-        assert_eq!(one_line(&err), "x\\ny: line one\\nline two");
-    }
-
-    #[test]
-    fn shown_escapes_bytes_that_are_not_utf8() {
-        let p = Path::new(OsStr::from_bytes(b"d\n/caf\xe9\xe8 \xc3\xa9"));
-        assert_eq!(shown(p), "d\\n/caf\\xe9\\xe8 é");
     }
 
     #[test]

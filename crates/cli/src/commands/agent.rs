@@ -29,7 +29,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("no agent is running at {}", path.display()))?;
         client.stop()?;
         eprintln!("agent stopped");
-        return Ok(crate::exit::OK);
+        return Ok(crate::ui::exit::OK);
     }
     let ttl = agent::parse_duration(&args.ttl)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -48,13 +48,13 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     );
     server.serve(&stop)?;
     eprintln!("tpmcrypt agent: stopped, keys wiped");
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
     eprintln!(
         "warning: not using the agent: {}",
-        crate::files::printable(&e.to_string())
+        crate::ui::printable(&e.to_string())
     );
 }
 

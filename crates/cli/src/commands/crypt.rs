@@ -11,7 +11,7 @@ use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
 use crate::files::{self, Holds, Naming, RunOptions, Summary};
 use crate::keys;
 use crate::statsfile;
-use crate::Ui;
+use crate::ui::Ui;
 
 fn run_options(
     files: &FileArgs,
@@ -48,17 +48,21 @@ fn report_skipped(plan: &files::Plan, ui: &Ui) {
     for (first, again) in &plan.same {
         eprintln!(
             "tpmcrypt: {} and {} are the same file: done once",
-            files::shown(first),
-            files::shown(again)
+            crate::ui::shown(first),
+            crate::ui::shown(again)
         );
     }
     if ui.verbose {
         for s in &plan.skipped {
-            eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
+            eprintln!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
         }
     }
     for (path, why) in &plan.failed {
-        eprintln!("error: {}: {}", files::shown(path), files::printable(why));
+        eprintln!(
+            "error: {}: {}",
+            crate::ui::shown(path),
+            crate::ui::printable(why)
+        );
     }
 }
 
@@ -66,7 +70,7 @@ fn report_skipped(plan: &files::Plan, ui: &Ui) {
 fn with_walk_failures(mut summary: Summary, plan: &files::Plan) -> Summary {
     if !plan.failed.is_empty() {
         summary.failed += plan.failed.len() as u64;
-        summary.first_code.get_or_insert(crate::exit::OTHER);
+        summary.first_code.get_or_insert(crate::ui::exit::OTHER);
     }
     summary
 }
@@ -200,7 +204,7 @@ fn finish(
         eprintln!("{}", wall.line());
         eprintln!("{}", engine_line(&timing.engine));
     }
-    Ok(summary.first_code.unwrap_or(crate::exit::OK))
+    Ok(summary.first_code.unwrap_or(crate::ui::exit::OK))
 }
 
 /// `--stats-json FILE`: the figures of `-v` as JSON (documented in
@@ -267,7 +271,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             .iter()
             .any(|p| keys::is_stdin(p.as_os_str()));
     if plaintext_from_stdin && args.recipients.iter().any(|r| keys::is_stdin(r)) {
-        return Err(crate::exit::usage(
+        return Err(crate::ui::exit::usage(
             "-R - reads the recipients from standard input, so the plaintext cannot come \
              from it too: name the input files",
         ));
@@ -284,7 +288,7 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         if (mode == Mode::Cbc && !b.supports_cbc())
             || !b.supports_gcm(params.key_len) && mode == Mode::Gcm
         {
-            return Err(crate::exit::usage(format!(
+            return Err(crate::ui::exit::usage(format!(
                 "backend {} does not support {} with {}-bit keys",
                 b.name(),
                 mode.name(),
@@ -334,7 +338,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let access = crate::tpm::access(ui)?;
     identities.extend(keys::keystore_identities(ui, &access)?);
     if identities.is_empty() {
-        return Err(crate::exit::usage(
+        return Err(crate::ui::exit::usage(
             "no identity: give -i IDENTITY, or create a TPM key with `tpmcrypt key create`",
         ));
     }

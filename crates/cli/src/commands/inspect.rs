@@ -43,7 +43,7 @@ struct Inspect {
 
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
-    let label = || crate::files::shown(&args.file);
+    let label = || crate::ui::shown(&args.file);
     let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
     let header = Header::read_from(&mut input).with_context(label)?;
     let session_key = if args.reveal_session_key {
@@ -87,8 +87,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
             .collect(),
         session_key,
     };
-    crate::stdout::write_all(render(&info, args.json)?.as_bytes())?;
-    Ok(crate::exit::OK)
+    crate::ui::stdout::write_all(render(&info, args.json)?.as_bytes())?;
+    Ok(crate::ui::exit::OK)
 }
 
 /// The text `inspect` prints: JSON, or one field a line.

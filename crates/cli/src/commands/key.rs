@@ -10,9 +10,10 @@ use serde::Serialize;
 use tpmcrypt_cipher::recipient::fingerprint_spki;
 use tpmcrypt_tpmkey::{KeyAlg, KeyMeta, Keystore, PcrSelection};
 
-use crate::exit::usage;
+use crate::keys;
 use crate::tpm::read_pin;
-use crate::{keys, Ui};
+use crate::ui::exit::usage;
+use crate::ui::Ui;
 use tpmcrypt_tpmkey::identity::Target;
 
 /// `tpmcrypt key`.
@@ -150,7 +151,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             // anything else is asked; the TPM then shows that it loads the
             // key under the standard storage key.
             tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
-                .map_err(|e| usage(format!("{}: {e}", crate::files::shown(file))))?;
+                .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
             let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
             let access = crate::tpm::access(ui)?;
             let (blob, meta) = store
@@ -159,7 +160,7 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 })
                 .with_context(|| file.display().to_string())?;
             let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-            crate::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
+            crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
             for other in store.list()?.iter().filter(|n| **n != name) {
                 if describe(&store, other).is_ok_and(|k| k.fingerprint == fp) {
                     eprintln!(
@@ -168,28 +169,28 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                     );
                 }
             }
-            Ok(crate::exit::OK)
+            Ok(crate::ui::exit::OK)
         }
         KeyCommand::List { json } => list(&store, *json),
         KeyCommand::Show { name } => {
             let info = describe(&store, name)?;
-            crate::stdout::line(&format!("name:        {}", info.name))?;
-            crate::stdout::line(&format!("algorithm:   {}", info.alg))?;
-            crate::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!("name:        {}", info.name))?;
+            crate::ui::stdout::line(&format!("algorithm:   {}", info.alg))?;
+            crate::ui::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
+            crate::ui::stdout::line(&format!(
                 "pcrs:        {}",
                 info.pcrs.as_deref().unwrap_or("none")
             ))?;
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!(
                 "pin:         {}",
                 if info.pin { "yes" } else { "no" }
             ))?;
-            crate::stdout::line(&format!("created:     unix time {}", info.created))?;
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!("created:     unix time {}", info.created))?;
+            crate::ui::stdout::line(&format!(
                 "tpm:         {}",
                 info.tpm.as_deref().unwrap_or("unknown")
             ))?;
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!(
                 "simulator:   {}",
                 if info.simulator {
                     "yes (NOT secure)"
@@ -198,16 +199,16 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 }
             ))?;
             for r in &info.recovery {
-                crate::stdout::line(&format!("recovery:    {r}"))?;
+                crate::ui::stdout::line(&format!("recovery:    {r}"))?;
             }
-            crate::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
-            crate::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
-            Ok(crate::exit::OK)
+            crate::ui::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
+            crate::ui::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
+            Ok(crate::ui::exit::OK)
         }
         KeyCommand::Export { name } => {
             let (blob, _) = store.load(name)?;
-            crate::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
-            Ok(crate::exit::OK)
+            crate::ui::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
+            Ok(crate::ui::exit::OK)
         }
         KeyCommand::Delete { name, yes } => {
             if !store.exists(name) {
@@ -221,11 +222,11 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
                 *yes,
             )? {
                 eprintln!("not deleted");
-                return Ok(crate::exit::OTHER);
+                return Ok(crate::ui::exit::OTHER);
             }
             store.delete(name)?;
-            crate::stdout::line(&format!("deleted {name}"))?;
-            Ok(crate::exit::OK)
+            crate::ui::stdout::line(&format!("deleted {name}"))?;
+            Ok(crate::ui::exit::OK)
         }
     }
 }
@@ -301,7 +302,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         );
         if !confirm_destroy(&what, args.yes)? {
             eprintln!("key {} kept", args.name);
-            return Ok(crate::exit::OTHER);
+            return Ok(crate::ui::exit::OTHER);
         }
     }
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
@@ -356,7 +357,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     meta.recovery = recovery;
     store.save(&args.name, &blob, &meta, args.force)?;
     let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-    crate::stdout::line(&format!(
+    crate::ui::stdout::line(&format!(
         "created key {} ({}) in {:.3} s on {} {}; fingerprint {fp}",
         args.name,
         alg.as_str(),
@@ -368,7 +369,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
             ""
         }
     ))?;
-    crate::stdout::line(&format!(
+    crate::ui::stdout::line(&format!(
         "public key: {}",
         store.pub_path(&args.name).display()
     ))?;
@@ -377,7 +378,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
             "hint: without --recovery, files for this key die with this TPM; see README (Recovery)"
         );
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 #[derive(Serialize)]
@@ -417,21 +418,21 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
             Ok(info) => infos.push(info),
             Err(e) => eprintln!(
                 "warning: key {name} skipped: {}",
-                crate::files::printable(&format!("{e:#}"))
+                crate::ui::printable(&format!("{e:#}"))
             ),
         }
     }
     if json {
-        crate::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
+        crate::ui::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
     } else if infos.is_empty() {
         eprintln!("no keys in {}", store.dir().display());
     } else {
-        crate::stdout::line(&format!(
+        crate::ui::stdout::line(&format!(
             "{:<20} {:<9} {:<32} {:<12} {:<4} RECOVERY",
             "NAME", "ALG", "FINGERPRINT", "PCRS", "PIN"
         ))?;
         for k in infos {
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!(
                 "{:<20} {:<9} {:<32} {:<12} {:<4} {}",
                 k.name,
                 k.alg,
@@ -442,5 +443,5 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
             ))?;
         }
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }

@@ -198,7 +198,7 @@ impl Drop for TempDir {
 }
 
 /// Runs the benchmark.
-pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     if let Some(BenchCommand::Watch(load)) = &args.command {
         return crate::commands::watch::run_load(load);
     }
@@ -207,7 +207,9 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     }
     if let Some(ms) = args.unbind_ms {
         if !(ms.is_finite() && ms > 0.0) {
-            return Err(crate::exit::usage("--unbind-ms must be a positive number"));
+            return Err(crate::ui::exit::usage(
+                "--unbind-ms must be a positive number",
+            ));
         }
     }
     if let Some(p) = &args.plot {
@@ -216,7 +218,7 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             .and_then(|e| e.to_str())
             .is_some_and(|e| e.eq_ignore_ascii_case("svg") || e.eq_ignore_ascii_case("png"));
         if !ok {
-            return Err(crate::exit::usage(
+            return Err(crate::ui::exit::usage(
                 "--plot: the file must end in .svg or .png",
             ));
         }
@@ -543,9 +545,9 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     }
     drop(tmp);
     if explicit_tpm && !results.tpm.available {
-        return Ok(crate::exit::TPM);
+        return Ok(crate::ui::exit::TPM);
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 fn default_sizes(quick: bool) -> Vec<u64> {
@@ -788,8 +790,8 @@ fn spawn_child(plan: &ChildPlan, bar: &ProgressBar) -> anyhow::Result<ChildOut> 
 
 /// The child: software series and the software half of the matrix.
 fn run_child(plan_json: &str) -> anyhow::Result<i32> {
-    let p: ChildPlan =
-        serde_json::from_str(plan_json).map_err(|e| crate::exit::usage(format!("--child: {e}")))?;
+    let p: ChildPlan = serde_json::from_str(plan_json)
+        .map_err(|e| crate::ui::exit::usage(format!("--child: {e}")))?;
     let plan = Plan {
         sizes: p.sizes,
         repeat: p.repeat,
@@ -816,7 +818,7 @@ fn run_child(plan_json: &str) -> anyhow::Result<i32> {
         matrix: cells,
     };
     println!("{}", serde_json::to_string(&out)?);
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 #[cfg(test)]

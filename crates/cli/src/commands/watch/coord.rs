@@ -26,8 +26,8 @@ use super::units::human_duration;
 use super::worker::{self, Ctx, Job, Outcome, Session};
 use super::{log, scan, show, WatchArgs};
 use crate::args::ModeArg;
-use crate::exit::usage;
 use crate::keys;
+use crate::ui::exit::usage;
 
 /// Files tracked at once (waiting, queued or in flight). Beyond this the
 /// coordinator stops reading events (inotify then overflows, which forces a
@@ -97,7 +97,7 @@ struct LoopIo<'a> {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
-pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     let (src_arg, dest_arg) = (&args.src, &args.out);
     if args.recipients.is_empty() && args.keys.is_empty() {
         return Err(usage("watch needs --key NAME or --recipient RECIPIENT"));
@@ -369,7 +369,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     drop(lock);
     drop(dest_lock);
     match end {
-        End::Signal => Ok(crate::exit::OK),
+        End::Signal => Ok(crate::ui::exit::OK),
         End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
     }
 }
@@ -1201,7 +1201,7 @@ impl Coordinator {
                 warn!(
                     "{}: {} (attempt {}; retrying in {})",
                     show(&rel),
-                    crate::files::one_line(&err),
+                    crate::ui::one_line(&err),
                     e.failures,
                     human_duration(wait)
                 );

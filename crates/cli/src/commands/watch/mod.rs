@@ -97,7 +97,7 @@ pub struct WatchArgs {
 }
 
 /// Runs the daemon (or, hidden, the load generator).
-pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     coord::run(args, ui)
 }
 
@@ -109,7 +109,7 @@ fn show(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut out = String::new();
     for chunk in path.as_os_str().as_bytes().utf8_chunks() {
-        out.push_str(&crate::files::printable(chunk.valid()));
+        out.push_str(&crate::ui::printable(chunk.valid()));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }
