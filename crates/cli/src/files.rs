@@ -11,14 +11,61 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use clap::Args;
 use tpmcrypt_cipher::{StreamOptions, Timings};
 
-use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile};
 use crate::batch::{self, Batch, CommitError, Original, Pending};
 use crate::stamp::Stamp;
 use crate::ui::exit::{self, usage};
 use crate::ui::{one_line, printable, shown};
+
+/// Options shared by encrypt and decrypt: where inputs come from and where
+/// outputs go.
+#[derive(Args, Debug, Clone)]
+pub struct FileArgs {
+    /// Output file ("-" for stdout). Only with a single input.
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+
+    /// Recurse into directories given as inputs (symlinks are not followed).
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+
+    /// Replace each input with its output: the original is removed only
+    /// after the output is fsynced and renamed into place, and only if it
+    /// is still the file that was read (one that changed is kept).
+    #[arg(long, conflicts_with = "output")]
+    pub in_place: bool,
+
+    /// Overwrite existing outputs.
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Rename outputs into place without waiting for the disk, as cp does.
+    /// Faster for large files; but after a power failure an output may be
+    /// empty or short (it then fails to decrypt, never decrypts wrong).
+    /// Not allowed with --in-place, which removes originals.
+    #[arg(long, conflicts_with = "in_place")]
+    pub no_sync: bool,
+
+    /// Worker threads for large inputs (default: number of CPUs).
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// Write the run's figures (files, bytes, time, files/s, commit time,
+    /// unwraps, TPM unbinds and time) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+
+    /// Force a crypto backend (default: the fastest measured for the mode).
+    #[arg(long, value_enum)]
+    pub backend: Option<crate::args::value::BackendArg>,
+
+    /// Input files or directories; none or "-" reads stdin.
+    #[arg(value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+}
 
 /// Suffix of encrypted files.
 pub const SUFFIX: &str = "tpmc";
@@ -468,10 +515,7 @@ impl RunOptions {
     /// (which reads cgroup files) is looked up on first use only: a run
     /// over one small file never needs it.
     pub fn jobs(&self) -> usize {
-        self.jobs.unwrap_or_else(|| {
-            static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-            *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        })
+        crate::options::workers(self.jobs)
     }
 }
 

@@ -8,6 +8,7 @@ mod commands;
 mod files;
 mod harden;
 mod keys;
+mod options;
 mod stamp;
 mod statsfile;
 mod tpm;

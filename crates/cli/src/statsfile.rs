@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use crate::args::FileArgs;
+use crate::files::FileArgs;
 use crate::files::{Plan, Sink, Source};
 use crate::ui::exit::usage;
 use crate::ui::shown;

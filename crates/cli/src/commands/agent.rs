@@ -14,7 +14,7 @@ use tpmcrypt_tpmkey::agent::{self, Agent, AgentClient};
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// How long each session key is kept after it was unwrapped.
-    #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = crate::args::ttl_value)]
+    #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = crate::args::value::ttl_value)]
     pub ttl: String,
     /// Stop the running agent (it wipes every key first).
     #[arg(long)]

@@ -4,13 +4,14 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
 use anyhow::Context as _;
+use clap::Args;
 use serde::Serialize;
 use tpmcrypt_cipher::recipient::kind;
 use tpmcrypt_cipher::{Decryptor, Header, Mode};
 
-use crate::args::InspectArgs;
 use crate::keys;
 
 #[derive(Serialize)]
@@ -39,6 +40,27 @@ struct Inspect {
     recipients: Vec<RecipientInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     session_key: Option<String>,
+}
+
+/// `tpmcrypt inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The file to inspect.
+    pub file: PathBuf,
+
+    /// Print JSON (field names are documented in docs/format.md).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Identity used with --reveal-session-key.
+    #[arg(short = 'i', long = "identity", value_name = "IDENTITY")]
+    pub identities: Vec<PathBuf>,
+
+    /// DANGEROUS: print the unwrapped session key in hex (for escrow, or to
+    /// decrypt the payload with another implementation such as Tink). Anyone
+    /// who sees it can decrypt every file of the session.
+    #[arg(long, requires = "identities")]
+    pub reveal_session_key: bool,
 }
 
 /// Runs `inspect`.

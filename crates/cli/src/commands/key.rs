@@ -108,7 +108,7 @@ pub struct CreateArgs {
     #[arg(long, value_enum, default_value_t = AlgArg::EccP256)]
     pub alg: AlgArg,
     /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
-    #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::pcrs_value)]
+    #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::value::pcrs_value)]
     pub pcrs: Option<String>,
     /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
     #[arg(long)]

@@ -3,13 +3,35 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use clap::Subcommand;
 use tpmcrypt_cipher::recovery::RecoveryKey;
 use zeroize::Zeroizing;
 
-use crate::args::RecoveryCommand;
+/// `tpmcrypt recovery …`.
+#[derive(Subcommand, Debug)]
+pub enum RecoveryCommand {
+    /// Create a recovery identity and print its recipient string.
+    Create {
+        /// Where to write the identity (mode 0600). Keep it offline.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Overwrite an existing identity, destroying it (asks first; --yes
+        /// to confirm without a terminal).
+        #[arg(short, long)]
+        force: bool,
+        /// With --force: overwrite without asking.
+        #[arg(long, requires = "force")]
+        yes: bool,
+    },
+    /// Print the recipient string of an existing recovery identity.
+    Recipient {
+        /// The identity file.
+        identity: PathBuf,
+    },
+}
 
 /// Runs a recovery subcommand.
 pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {

@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender, TrySendError};
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
-use tpmcrypt_cipher::{Mode, Params, Recipient};
+use tpmcrypt_cipher::{Params, Recipient};
 use tracing::{debug, error, info, warn};
 
 use super::fsio::{self, Kind};
@@ -25,8 +25,8 @@ use super::stats::{self, Counters, Stats};
 use super::units::human_duration;
 use super::worker::{self, Ctx, Job, Outcome, Session};
 use super::{log, scan, show, WatchArgs};
-use crate::args::ModeArg;
-use crate::keys;
+use crate::args::value::BitsArg;
+use crate::options;
 use crate::ui::exit::usage;
 
 /// Files tracked at once (waiting, queued or in flight). Beyond this the
@@ -102,11 +102,7 @@ pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     if args.recipients.is_empty() && args.keys.is_empty() {
         return Err(usage("watch needs --key NAME or --recipient RECIPIENT"));
     }
-    let workers = args.workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let workers = options::workers(args.workers);
     if workers == 0 || workers > 1024 {
         return Err(usage("--workers must be between 1 and 1024"));
     }
@@ -115,15 +111,15 @@ pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
         .as_deref()
         .map(stats::metrics_addr)
         .transpose()?;
-    let mut recipients = keys::parse_recipients(&args.recipients)?;
-    for name in &args.keys {
-        recipients.extend(keys::key_recipients(ui, name)?);
-    }
-    let mode = match args.mode {
-        ModeArg::Gcm => Mode::Gcm,
-        ModeArg::Cbc => Mode::Cbc,
-    };
-    let params = Params::new(mode, 256)?;
+    let recipients = options::recipients(
+        ui,
+        &options::RecipientFlags {
+            recipients: &args.recipients,
+            keys: &args.keys,
+            plaintext_from_stdin: false,
+        },
+    )?;
+    let params = options::params(args.mode, BitsArg::B256, None)?;
 
     // SRC, DEST, state: canonical, DEST and state not inside SRC.
     let src = fs::canonicalize(src_arg).with_context(|| src_arg.display().to_string())?;
@@ -201,7 +197,7 @@ pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
         show(&dest),
         workers,
         human_duration(args.settle),
-        mode.name(),
+        params.mode.name(),
         if args.delete_plaintext {
             ", deleting verified plaintext"
         } else {

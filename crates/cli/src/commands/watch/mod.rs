@@ -26,7 +26,7 @@ use clap::Args;
 
 pub use load::{run_load, LoadArgs};
 
-use crate::args::ModeArg;
+use crate::args::value::ModeArg;
 
 /// `tpmcrypt watch`.
 #[derive(Args, Debug)]
