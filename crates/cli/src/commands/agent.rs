@@ -31,7 +31,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         eprintln!("agent stopped");
         return Ok(crate::ui::exit::OK);
     }
-    let ttl = agent::parse_duration(&args.ttl)?;
+    let ttl = crate::args::value::ttl(&args.ttl).map_err(crate::ui::exit::usage)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGTERM,

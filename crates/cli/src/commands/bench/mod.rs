@@ -118,27 +118,11 @@ fn chip_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(CHIPS.iter().map(|c| c.name))
 }
 
-/// Parses `16K`, `1M`, `1G`, `16KiB`, `4096`.
+/// Parses `16K`, `1M`, `1G`, `16KiB`, `4096` (the CLI's one size grammar,
+/// [`crate::args::value::size`]), from 1 byte to 4G.
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let upper = t.to_ascii_uppercase();
-    let digits_end = upper
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(upper.len());
-    let (num, unit) = upper.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{t:?}: expected a size like 16K, 1M or 1G"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(format!("{t:?}: unknown unit (use K, M or G)")),
-    };
-    let v = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("{t:?}: too large"))?;
+    let v = crate::args::value::size(s)?;
     if v == 0 || v > 4 << 30 {
         return Err(format!("{t:?}: sizes must be between 1 byte and 4G"));
     }
