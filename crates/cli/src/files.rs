@@ -177,23 +177,7 @@ pub struct Plan {
 pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
     if stdin_only {
-        if args.in_place {
-            return Err(usage("--in-place needs input files, not stdin"));
-        }
-        let sink = match &args.output {
-            Some(p) if !is_dash(p) => Sink::File(p.clone()),
-            _ => Sink::Stdout,
-        };
-        return Ok(Plan {
-            tasks: vec![Task {
-                source: Source::Stdin,
-                sink,
-                walked: false,
-            }],
-            skipped: Vec::new(),
-            failed: Vec::new(),
-            same: Vec::new(),
-        });
+        return stdin_plan(args);
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
@@ -220,20 +204,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             same,
         });
     }
-    let mut tasks = Vec::with_capacity(sources.len());
-    for (src, walked) in sources {
-        match output_name(&src, naming) {
-            Ok(out) => tasks.push(Task {
-                sink: Sink::File(out),
-                source: Source::File(src),
-                walked,
-            }),
-            // A file found by the walk fails by itself; one named on the
-            // command line is a usage error.
-            Err(e) if walked => failed.push((src, format!("{e:#}"))),
-            Err(e) => return Err(e),
-        }
-    }
+    let tasks = named_tasks(sources, naming, &mut failed)?;
     skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
     refuse_outputs_that_are_inputs(&tasks)?;
     Ok(Plan {
@@ -242,6 +213,50 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         failed,
         same,
     })
+}
+
+/// The one task of a run that reads standard input.
+fn stdin_plan(args: &FileArgs) -> anyhow::Result<Plan> {
+    if args.in_place {
+        return Err(usage("--in-place needs input files, not stdin"));
+    }
+    let sink = match &args.output {
+        Some(p) if !is_dash(p) => Sink::File(p.clone()),
+        _ => Sink::Stdout,
+    };
+    Ok(Plan {
+        tasks: vec![Task {
+            source: Source::Stdin,
+            sink,
+            walked: false,
+        }],
+        skipped: Vec::new(),
+        failed: Vec::new(),
+        same: Vec::new(),
+    })
+}
+
+/// A task per source, each output named after its input. A file found by
+/// the walk that cannot be named fails by itself (into `failed`); one
+/// named on the command line is a usage error.
+fn named_tasks(
+    sources: Vec<(PathBuf, bool)>,
+    naming: Naming,
+    failed: &mut Vec<(PathBuf, String)>,
+) -> anyhow::Result<Vec<Task>> {
+    let mut tasks = Vec::with_capacity(sources.len());
+    for (src, walked) in sources {
+        match output_name(&src, naming) {
+            Ok(out) => tasks.push(Task {
+                sink: Sink::File(out),
+                source: Source::File(src),
+                walked,
+            }),
+            Err(e) if walked => failed.push((src, format!("{e:#}"))),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(tasks)
 }
 
 /// What [`gather`] found: the inputs (each with whether a walk found
@@ -383,9 +398,13 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
             // A subdirectory that cannot be read fails by itself, named;
             // the rest of the tree goes on.
             if let Err(e) = walk(&path, naming, found) {
-                found
-                    .failed
-                    .push((path, format!("cannot read the directory: {}", io_cause(&e))));
+                found.failed.push((
+                    path,
+                    format!(
+                        "cannot read the directory: {}",
+                        tpmcrypt_tpmkey::error::io_text(&e)
+                    ),
+                ));
             }
             continue;
         } else if ft.is_symlink() {
@@ -411,15 +430,6 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
         found.skipped.push(Skipped { path, why });
     }
     Ok(())
-}
-
-/// An I/O error without its "(os error N)".
-fn io_cause(e: &io::Error) -> String {
-    let text = e.to_string();
-    match text.rfind(" (os error ") {
-        Some(i) => text[..i].to_string(),
-        None => text,
-    }
 }
 
 /// Whether a regular file met by [`walk`] is an input (None) or why not.
@@ -882,191 +892,278 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
     Ok(File::from(fd.try_clone_to_owned()?))
 }
 
+/// An input opened for its task, and what its output keeps of it.
+struct Opened {
+    file: File,
+    /// The size of a regular file (read in parallel); None for a stream.
+    size: Option<u64>,
+    /// The output's permissions.
+    mode: u32,
+    /// How a regular input was before the read.
+    stamp: Option<Stamp>,
+    /// With `--in-place`: the owner the output keeps.
+    owner: Option<(u32, u32)>,
+}
+
+/// Opens a task's input, refusing what the run must not read or remove.
+fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
+    let path = match &task.source {
+        Source::Stdin => {
+            return Ok(Opened {
+                file: stdio_file(io::stdin().as_fd())?,
+                size: None,
+                mode: 0o666 & !current_umask(),
+                stamp: None,
+                owner: None,
+            })
+        }
+        Source::File(path) => path,
+    };
+    if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(usage(InPlaceSymlink.to_string()));
+    }
+    if fs::metadata(path)?.is_dir() {
+        return Err(usage("is a directory (use -r to recurse)"));
+    }
+    // Regular files are read in parallel; pipes and devices (e.g.
+    // `<(tar c dir)`) are streamed.
+    let file = open_input(path, opts.in_place, task.walked)?;
+    let meta = file.metadata()?;
+    if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
+        // Removing one name would leave the plaintext under the others.
+        return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
+    }
+    if opts.in_place && opts.output_kind == Holds::Ciphertext {
+        if let Some(what) = private_key_kind(&file) {
+            return Err(usage(format!(
+                "is {what}: --in-place would remove it, and it may be the key \
+                 needed to open its own ciphertext; encrypt a copy without --in-place"
+            )));
+        }
+    }
+    Ok(Opened {
+        size: meta.is_file().then_some(meta.len()),
+        stamp: meta.is_file().then(|| Stamp::of(&meta)),
+        // An output that replaces its original keeps who owns it.
+        owner: opts.in_place.then(|| (meta.uid(), meta.gid())),
+        mode: meta.permissions().mode() & 0o777,
+        file,
+    })
+}
+
+/// Written to stdout or a device: what was written is not a copy of one
+/// version of an input that changed.
+const STREAMED: &str = "what was written is not a copy of one version of it";
+/// Written to a file that is not kept when its input changed.
+const DISCARDED: &str = "its output was not kept";
+
+/// One task's transform, run into whichever output its sink opens.
+struct Transfer<'a> {
+    task: &'a Task,
+    opts: &'a RunOptions,
+    transform: &'a Transform<'a>,
+    input: File,
+    stamp: Option<Stamp>,
+    stream_opts: StreamOptions<'a>,
+}
+
+impl Transfer<'_> {
+    fn write_error(&self, output: &dyn std::fmt::Display) -> WriteError {
+        WriteError {
+            output: output.to_string(),
+            input: self.task.label(),
+            kind: self.opts.output_kind,
+        }
+    }
+
+    /// Whether a regular input is no longer as it was before the read.
+    fn changed(&self) -> bool {
+        match (&self.stamp, self.input.metadata()) {
+            (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
+            (Some(_), Err(_)) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// Runs the transform into `out`; a failure after a failed write is
+    /// the output's (and, on stdout, EPIPE is told apart). A regular input
+    /// must be as it was before the read.
+    fn run_into(
+        &mut self,
+        out: &mut (dyn Write + Send),
+        name: &dyn std::fmt::Display,
+        outcome: &'static str,
+    ) -> anyhow::Result<u64> {
+        let mut tap = Tap {
+            inner: out,
+            failed: false,
+            reader_gone: false,
+        };
+        let n = match (self.transform)(&mut self.input, &mut tap, &self.stream_opts) {
+            Ok(n) => n,
+            Err(e) if tap.failed => {
+                let err = anyhow::Error::new(e);
+                // Only standard output's reader going away ends a run quietly.
+                let err = if tap.reader_gone && self.task.sink == Sink::Stdout {
+                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
+                    err.context(crate::ui::stdout::WriteFailed(gone))
+                } else {
+                    err
+                };
+                return Err(err.context(self.write_error(name)));
+            }
+            // An input that changed explains a failed read (it shrank, or
+            // holds more than its size said) better than the read does.
+            Err(e) if self.changed() => {
+                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if self.changed() {
+            return Err(InputChanged { outcome }.into());
+        }
+        Ok(n)
+    }
+}
+
 fn run_one(
     index: usize,
     task: &Task,
     opts: &RunOptions,
     transform: &Transform<'_>,
 ) -> anyhow::Result<Done> {
-    let (mut input, size, mode, stamp, owner) = match &task.source {
-        Source::Stdin => (
-            stdio_file(io::stdin().as_fd())?,
-            None,
-            0o666 & !current_umask(),
-            None,
-            None,
-        ),
-        Source::File(path) => {
-            if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
-                return Err(usage(InPlaceSymlink.to_string()));
-            }
-            if fs::metadata(path)?.is_dir() {
-                return Err(usage("is a directory (use -r to recurse)"));
-            }
-            // Regular files are read in parallel; pipes and devices (e.g.
-            // `<(tar c dir)`) are streamed.
-            let file = open_input(path, opts.in_place, task.walked)?;
-            let meta = file.metadata()?;
-            if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
-                // Removing one name would leave the plaintext under the others.
-                return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
-            }
-            if opts.in_place && opts.output_kind == Holds::Ciphertext {
-                if let Some(what) = private_key_kind(&file) {
-                    return Err(usage(format!(
-                        "is {what}: --in-place would remove it, and it may be the key \
-                         needed to open its own ciphertext; encrypt a copy without --in-place"
-                    )));
-                }
-            }
-            let size = meta.is_file().then_some(meta.len());
-            let stamp = meta.is_file().then(|| Stamp::of(&meta));
-            // An output that replaces its original keeps who owns it.
-            let owner = opts.in_place.then(|| (meta.uid(), meta.gid()));
-            (file, size, meta.permissions().mode() & 0o777, stamp, owner)
-        }
-    };
-    let workers = match size {
+    let opened = open_source(task, opts)?;
+    let workers = match opened.size {
         Some(n) if n < opts.parallel_threshold => 1,
         _ => opts.jobs().max(1),
     };
-    let bar = make_bar(opts.progress, size);
+    let bar = make_bar(opts.progress, opened.size);
     let tick = |done: u64| {
         if let Some(bar) = &bar {
             bar.set_position(done);
         }
     };
-    let stream_opts = StreamOptions {
-        workers,
-        progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
-        timings: Some(&opts.timings),
+    let mut transfer = Transfer {
+        task,
+        opts,
+        transform,
+        input: opened.file,
+        stamp: opened.stamp,
+        stream_opts: StreamOptions {
+            workers,
+            progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
+            timings: Some(&opts.timings),
+        },
     };
-    let write_error = |output: &dyn std::fmt::Display| WriteError {
-        output: output.to_string(),
-        input: task.label(),
-        kind: opts.output_kind,
-    };
-    // Whether a regular input is no longer as it was before the read.
-    let changed = |file: &File| match (&stamp, file.metadata()) {
-        (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
-        (Some(_), Err(_)) => true,
-        (None, _) => false,
-    };
-    // Runs the transform into `out`; a failure after a failed write is
-    // the output's (and, on stdout, EPIPE is told apart). A regular input
-    // must be as it was before the read.
-    let mut transform_into = |out: &mut (dyn Write + Send),
-                              name: &dyn std::fmt::Display,
-                              outcome: &'static str|
-     -> anyhow::Result<u64> {
-        let mut tap = Tap {
-            inner: out,
-            failed: false,
-            reader_gone: false,
-        };
-        let n = match transform(&mut input, &mut tap, &stream_opts) {
-            Ok(n) => n,
-            Err(e) if tap.failed => {
-                let err = anyhow::Error::new(e);
-                // Only standard output's reader going away ends a run quietly.
-                let err = if tap.reader_gone && task.sink == Sink::Stdout {
-                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
-                    err.context(crate::ui::stdout::WriteFailed(gone))
-                } else {
-                    err
-                };
-                return Err(err.context(write_error(name)));
-            }
-            // An input that changed explains a failed read (it shrank, or
-            // holds more than its size said) better than the read does.
-            Err(e) if changed(&input) => {
-                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if changed(&input) {
-            return Err(InputChanged { outcome }.into());
-        }
-        Ok(n)
-    };
-    const STREAMED: &str = "what was written is not a copy of one version of it";
-    const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
-        Sink::Stdout => {
-            if crate::ui::stdout::closed_at_start() {
-                // Rather than write into the /dev/null put in its place.
-                let closed = anyhow::Error::new(crate::ui::stdout::Closed);
-                return Err(closed.context(write_error(&crate::ui::stdout::LABEL)));
-            }
-            let stdout = io::stdout();
-            if opts.refuse_tty_output && stdout.is_terminal() {
-                return Err(usage(
-                    "refusing to write ciphertext to a terminal (use -o or redirect)",
-                ));
-            }
-            let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &crate::ui::stdout::LABEL, STREAMED)?
-        }
+        Sink::Stdout => to_stdout(&mut transfer)?,
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform_into(&mut out, &shown(dest), STREAMED)?
+            transfer.run_into(&mut out, &shown(dest), STREAMED)?
         }
         Sink::File(dest) => {
-            atomic::clean_stale_partials_once(dest);
-            let mut out = AtomicFile::create(dest, mode, opts.force)
-                .with_context(|| format!("creating {}", shown(dest)))?;
-            if let Some((uid, gid)) = owner {
-                // Before any byte is written: refused, nothing is left.
-                out.set_owner(uid, gid, mode)
-                    .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
-            }
-            let durable = opts.in_place || !opts.no_sync;
-            let n = if durable {
-                transform_into(
-                    &mut atomic::Writeback::new(out.file()),
-                    &shown(dest),
-                    DISCARDED,
-                )?
-            } else {
-                transform_into(out.file(), &shown(dest), DISCARDED)?
+            let out = NewFile {
+                dest,
+                mode: opened.mode,
+                owner: opened.owner,
+                bar: bar.as_ref(),
             };
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-            if durable {
-                // Made durable, renamed, and its original removed with the
-                // rest of its batch.
-                let original = match (&task.source, stamp, opts.in_place) {
-                    (Source::File(src), Some(stamp), true) => Some(Original {
-                        path: src.clone(),
-                        file: input,
-                        stamp,
-                    }),
-                    _ => None,
-                };
-                return Ok(Done::Pending(Pending {
-                    tag: (index, n),
-                    out,
-                    bytes: n,
-                    original,
-                }));
-            }
-            out.commit_unsynced().map_err(|e| {
-                if e.kind() == io::ErrorKind::AlreadyExists {
-                    // Another run took the name first: as when it existed.
-                    anyhow::Error::new(e)
-                } else {
-                    // A failed rename or directory fsync is the output's.
-                    anyhow::Error::new(e).context(write_error(&shown(dest)))
-                }
-            })?;
-            return Ok(Done::Finished(n));
+            return to_file(index, out, transfer);
         }
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    Ok(Done::Finished(n))
+}
+
+/// Runs a transfer into standard output, if it is there and may take it.
+fn to_stdout(transfer: &mut Transfer<'_>) -> anyhow::Result<u64> {
+    use crate::ui::stdout;
+    if stdout::closed_at_start() {
+        // Rather than write into the /dev/null put in its place.
+        let closed = anyhow::Error::new(stdout::Closed);
+        return Err(closed.context(transfer.write_error(&stdout::LABEL)));
+    }
+    let out = io::stdout();
+    if transfer.opts.refuse_tty_output && out.is_terminal() {
+        return Err(usage(
+            "refusing to write ciphertext to a terminal (use -o or redirect)",
+        ));
+    }
+    let mut out = stdio_file(out.as_fd())?;
+    transfer.run_into(&mut out, &stdout::LABEL, STREAMED)
+}
+
+/// A file output to create, and the progress bar to clear once written.
+struct NewFile<'a> {
+    dest: &'a Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    bar: Option<&'a indicatif::ProgressBar>,
+}
+
+/// Runs a transfer into a new file renamed into place as `dest`: a
+/// durable one waits for its batch (with its original, for
+/// `--in-place`); with `--no-sync` it is renamed at once.
+fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow::Result<Done> {
+    let NewFile {
+        dest,
+        mode,
+        owner,
+        bar,
+    } = new;
+    let opts = transfer.opts;
+    atomic::clean_stale_partials_once(dest);
+    let mut out = AtomicFile::create(dest, mode, opts.force)
+        .with_context(|| format!("creating {}", shown(dest)))?;
+    if let Some((uid, gid)) = owner {
+        // Before any byte is written: refused, nothing is left.
+        out.set_owner(uid, gid, mode)
+            .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
+    }
+    let durable = opts.in_place || !opts.no_sync;
+    let n = if durable {
+        transfer.run_into(
+            &mut atomic::Writeback::new(out.file()),
+            &shown(dest),
+            DISCARDED,
+        )?
+    } else {
+        transfer.run_into(out.file(), &shown(dest), DISCARDED)?
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if durable {
+        // Made durable, renamed, and its original removed with the rest
+        // of its batch.
+        let original = match (&transfer.task.source, transfer.stamp, opts.in_place) {
+            (Source::File(src), Some(stamp), true) => Some(Original {
+                path: src.clone(),
+                file: transfer.input,
+                stamp,
+            }),
+            _ => None,
+        };
+        return Ok(Done::Pending(Pending {
+            tag: (index, n),
+            out,
+            bytes: n,
+            original,
+        }));
+    }
+    let write_error = transfer.write_error(&shown(dest));
+    out.commit_unsynced().map_err(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            // Another run took the name first: as when it existed.
+            anyhow::Error::new(e)
+        } else {
+            // A failed rename or directory fsync is the output's.
+            anyhow::Error::new(e).context(write_error)
+        }
+    })?;
     Ok(Done::Finished(n))
 }
 
