@@ -3,10 +3,9 @@
 //! everything decrypted.
 
 use std::path::PathBuf;
-
-use clap::Args;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use tpmcrypt_cipher::{Decryptor, TimingsSnapshot};
 
 use crate::args::value::{BitsArg, ModeArg};

@@ -1,7 +1,7 @@
 //! `tpmcrypt key …`: create, import, list, show, export and delete TPM keys.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -15,6 +15,7 @@ use crate::tpm::read_pin;
 use crate::ui::exit::usage;
 use crate::ui::Ui;
 use tpmcrypt_tpmkey::identity::Target;
+use zeroize::Zeroizing;
 
 /// `tpmcrypt key`.
 #[derive(Subcommand, Debug)]
@@ -137,97 +138,15 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             name,
             pin,
             no_pin,
-        } => {
-            let name = match name {
-                Some(n) => n.clone(),
-                None => default_name(file)?,
-            };
-            tpmcrypt_tpmkey::keystore::validate_name(&name)?;
-            if store.exists(&name) {
-                return Err(exists_already(&name));
-            }
-            let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
-            // A key tpmcrypt could never unbind with is refused before
-            // anything else is asked; the TPM then shows that it loads the
-            // key under the standard storage key.
-            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
-                .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
-            let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
-            let access = crate::tpm::access(ui)?;
-            let (blob, meta) = store
-                .import_checked(&name, file, has_pin, |blob| {
-                    access.with(|tpm| tpm.check_loads(blob))
-                })
-                .with_context(|| file.display().to_string())?;
-            let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-            crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
-            for other in store.list()?.iter().filter(|n| **n != name) {
-                if describe(&store, other).is_ok_and(|k| k.fingerprint == fp) {
-                    eprintln!(
-                        "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
-                         under two names shares one PIN"
-                    );
-                }
-            }
-            Ok(crate::ui::exit::OK)
-        }
+        } => import(&store, ui, file, name.as_deref(), (*pin, *no_pin)),
         KeyCommand::List { json } => list(&store, *json),
-        KeyCommand::Show { name } => {
-            let info = describe(&store, name)?;
-            crate::ui::stdout::line(&format!("name:        {}", info.name))?;
-            crate::ui::stdout::line(&format!("algorithm:   {}", info.alg))?;
-            crate::ui::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
-            crate::ui::stdout::line(&format!(
-                "pcrs:        {}",
-                info.pcrs.as_deref().unwrap_or("none")
-            ))?;
-            crate::ui::stdout::line(&format!(
-                "pin:         {}",
-                if info.pin { "yes" } else { "no" }
-            ))?;
-            crate::ui::stdout::line(&format!("created:     unix time {}", info.created))?;
-            crate::ui::stdout::line(&format!(
-                "tpm:         {}",
-                info.tpm.as_deref().unwrap_or("unknown")
-            ))?;
-            crate::ui::stdout::line(&format!(
-                "simulator:   {}",
-                if info.simulator {
-                    "yes (NOT secure)"
-                } else {
-                    "no"
-                }
-            ))?;
-            for r in &info.recovery {
-                crate::ui::stdout::line(&format!("recovery:    {r}"))?;
-            }
-            crate::ui::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
-            crate::ui::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
-            Ok(crate::ui::exit::OK)
-        }
+        KeyCommand::Show { name } => show(&store, name),
         KeyCommand::Export { name } => {
             let (blob, _) = store.load(name)?;
             crate::ui::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
             Ok(crate::ui::exit::OK)
         }
-        KeyCommand::Delete { name, yes } => {
-            if !store.exists(name) {
-                return Err(usage(format!("no key named {name:?}")));
-            }
-            if !confirm_destroy(
-                &format!(
-                    "delete key {name} (files encrypted only to it, not to a recovery \
-                     recipient, become unreadable)"
-                ),
-                *yes,
-            )? {
-                eprintln!("not deleted");
-                return Ok(crate::ui::exit::OTHER);
-            }
-            store.delete(name)?;
-            crate::ui::stdout::line(&format!("deleted {name}"))?;
-            Ok(crate::ui::exit::OK)
-        }
+        KeyCommand::Delete { name, yes } => delete(&store, name, *yes),
     }
 }
 
@@ -289,6 +208,140 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
+/// `key import FILE`: records a TPM key file in the keystore once the
+/// TPM shows it loads there.
+fn import(
+    store: &Keystore,
+    ui: &Ui,
+    file: &Path,
+    name: Option<&str>,
+    pin_flags: (bool, bool),
+) -> anyhow::Result<i32> {
+    let (pin, no_pin) = pin_flags;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => default_name(file)?,
+    };
+    tpmcrypt_tpmkey::keystore::validate_name(&name)?;
+    if store.exists(&name) {
+        return Err(exists_already(&name));
+    }
+    let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+    // A key tpmcrypt could never unbind with is refused before
+    // anything else is asked; the TPM then shows that it loads the
+    // key under the standard storage key.
+    tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
+        .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
+    let has_pin = Some(import_has_pin(file, &pem, pin, no_pin)?);
+    let access = crate::tpm::access(ui)?;
+    let (blob, meta) = store
+        .import_checked(&name, file, has_pin, |blob| {
+            access.with(|tpm| tpm.check_loads(blob))
+        })
+        .with_context(|| file.display().to_string())?;
+    let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
+    crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
+    for other in store.list()?.iter().filter(|n| **n != name) {
+        if describe(store, other).is_ok_and(|k| k.fingerprint == fp) {
+            eprintln!(
+                "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
+                 under two names shares one PIN"
+            );
+        }
+    }
+    Ok(crate::ui::exit::OK)
+}
+
+/// `key show NAME`: one field a line.
+fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
+    let info = describe(store, name)?;
+    crate::ui::stdout::line(&format!("name:        {}", info.name))?;
+    crate::ui::stdout::line(&format!("algorithm:   {}", info.alg))?;
+    crate::ui::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
+    crate::ui::stdout::line(&format!(
+        "pcrs:        {}",
+        info.pcrs.as_deref().unwrap_or("none")
+    ))?;
+    crate::ui::stdout::line(&format!(
+        "pin:         {}",
+        if info.pin { "yes" } else { "no" }
+    ))?;
+    crate::ui::stdout::line(&format!("created:     unix time {}", info.created))?;
+    crate::ui::stdout::line(&format!(
+        "tpm:         {}",
+        info.tpm.as_deref().unwrap_or("unknown")
+    ))?;
+    crate::ui::stdout::line(&format!(
+        "simulator:   {}",
+        if info.simulator {
+            "yes (NOT secure)"
+        } else {
+            "no"
+        }
+    ))?;
+    for r in &info.recovery {
+        crate::ui::stdout::line(&format!("recovery:    {r}"))?;
+    }
+    crate::ui::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
+    crate::ui::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
+    Ok(crate::ui::exit::OK)
+}
+
+/// `key delete NAME`: after a confirmation (or `--yes`).
+fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
+    if !store.exists(name) {
+        return Err(usage(format!("no key named {name:?}")));
+    }
+    if !confirm_destroy(
+        &format!(
+            "delete key {name} (files encrypted only to it, not to a recovery \
+             recipient, become unreadable)"
+        ),
+        yes,
+    )? {
+        eprintln!("not deleted");
+        return Ok(crate::ui::exit::OTHER);
+    }
+    store.delete(name)?;
+    crate::ui::stdout::line(&format!("deleted {name}"))?;
+    Ok(crate::ui::exit::OK)
+}
+
+/// `--recovery` values: recovery recipients only.
+fn recovery_recipients(values: &[std::ffi::OsString]) -> anyhow::Result<Vec<String>> {
+    keys::read_recipients(values)?
+        .into_iter()
+        .map(|given| {
+            given.recovery.ok_or_else(|| {
+                usage(format!(
+                    "{}: --recovery takes recovery recipients (tpmcrypt-recovery:…), not a TPM \
+                     public key",
+                    given.origin
+                ))
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()
+}
+
+/// `--pin`: the new key's PIN, typed twice on a terminal.
+fn new_pin(args: &CreateArgs) -> anyhow::Result<Option<Zeroizing<Vec<u8>>>> {
+    Ok(if args.pin {
+        let pin = read_pin(&format!("New PIN for key {}: ", args.name))?;
+        if std::env::var_os(crate::tpm::ENV_PIN).is_none() {
+            let again = read_pin("Repeat the PIN: ")?;
+            if *again != *pin {
+                return Err(usage("the PINs differ"));
+            }
+        }
+        if pin.is_empty() {
+            return Err(usage("empty PIN"));
+        }
+        Some(pin)
+    } else {
+        None
+    })
+}
+
 fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
     if store.exists(&args.name) {
@@ -307,33 +360,8 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     }
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
     // Recovery recipients are checked before the (slow) TPM work.
-    let recovery = keys::read_recipients(&args.recovery)?
-        .into_iter()
-        .map(|given| {
-            given.recovery.ok_or_else(|| {
-                usage(format!(
-                    "{}: --recovery takes recovery recipients (tpmcrypt-recovery:…), not a TPM \
-                     public key",
-                    given.origin
-                ))
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let pin = if args.pin {
-        let pin = read_pin(&format!("New PIN for key {}: ", args.name))?;
-        if std::env::var_os(crate::tpm::ENV_PIN).is_none() {
-            let again = read_pin("Repeat the PIN: ")?;
-            if *again != *pin {
-                return Err(usage("the PINs differ"));
-            }
-        }
-        if pin.is_empty() {
-            return Err(usage("empty PIN"));
-        }
-        Some(pin)
-    } else {
-        None
-    };
+    let recovery = recovery_recipients(&args.recovery)?;
+    let pin = new_pin(args)?;
     let alg = match args.alg {
         AlgArg::Rsa2048 => KeyAlg::Rsa2048,
         AlgArg::EccP256 => KeyAlg::EccP256,
