@@ -99,7 +99,9 @@ pub fn usage_error_line(err: &clap::Error) -> String {
 mod tests {
     use clap::Parser;
 
-    use super::{usage_error_line, Cli};
+    use std::time::Duration;
+
+    use super::{usage_error_line, Cli, Command};
 
     fn line_for(args: &[&str]) -> String {
         let err = Cli::try_parse_from(args).expect_err("a usage error");
@@ -126,5 +128,30 @@ mod tests {
         for line in [bits, missing, typo] {
             assert!(!line.contains('\n'), "{line:?}");
         }
+    }
+
+    #[test]
+    fn every_duration_and_size_flag_takes_the_one_grammar() {
+        let watch = ["tpmcrypt", "watch", "s", "--out", "o", "-R", "x"];
+        let cli = Cli::try_parse_from(
+            watch
+                .iter()
+                .chain(&["--settle", "1h30m", "--rotate", "1.5h"]),
+        )
+        .expect("compound and decimal durations");
+        let Command::Watch(w) = cli.command else {
+            panic!("not watch")
+        };
+        assert_eq!(w.settle, Duration::from_secs(5400));
+        assert_eq!(w.rotate, Some(Duration::from_secs(5400)));
+        Cli::try_parse_from(["tpmcrypt", "agent", "--ttl", "1h 30m"]).expect("--ttl 1h 30m");
+        Cli::try_parse_from(["tpmcrypt", "agent", "--ttl", "45"]).expect("--ttl in seconds");
+        // A bad value is a usage error that shows the valid forms.
+        let settle: Vec<&str> = watch.iter().chain(&["--settle", "5y"]).copied().collect();
+        assert!(line_for(&settle).contains("e.g. 200ms, 1.5s, 10m, 1h30m"));
+        let ttl = line_for(&["tpmcrypt", "agent", "--ttl", "5x"]);
+        assert!(ttl.contains("e.g. 200ms, 1.5s, 10m, 1h30m"), "{ttl}");
+        let sizes = line_for(&["tpmcrypt", "bench", "--sizes", "16K,5Q"]);
+        assert!(sizes.contains("e.g. 4096, 64KiB, 16K, 1M"), "{sizes}");
     }
 }
