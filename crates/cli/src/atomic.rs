@@ -15,7 +15,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::files::shown;
+use crate::ui::shown;
 
 /// Marker in temporary file names: `.NAME.tpmcrypt-partial.PID.RANDOM`.
 pub const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";

@@ -214,7 +214,7 @@ fn commit<T: Send>(
     for (tag, r, dir, original) in renamed {
         let r = r.and_then(|()| match failed_dirs.iter().find(|(d, _)| *d == dir) {
             Some((d, e)) => Err(CommitError::Directory(
-                crate::files::shown(d),
+                crate::ui::shown(d),
                 io::Error::new(e.kind(), e.to_string()),
             )),
             None => Ok(()),
@@ -236,7 +236,7 @@ fn commit<T: Send>(
     for (dir, e) in sync_dirs(&removed_from) {
         eprintln!(
             "warning: {}: the removal of originals may not be durable yet: {e}",
-            crate::files::shown(&dir)
+            crate::ui::shown(&dir)
         );
     }
     out
@@ -535,8 +535,8 @@ fn remove_original(o: &Original) -> anyhow::Result<()> {
     kept.push(format!(".kept-{}", std::process::id()));
     let kept = PathBuf::from(kept);
     let shown = match atomic::rename_noreplace(&aside, &kept) {
-        Ok(()) => crate::files::shown(&kept),
-        Err(_) => crate::files::shown(&aside),
+        Ok(()) => crate::ui::shown(&kept),
+        Err(_) => crate::ui::shown(&aside),
     };
     Err(anyhow::anyhow!(
         "changed while its original was being removed, and its name was taken meanwhile; \

@@ -11,13 +11,61 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use clap::Args;
 use tpmcrypt_cipher::{StreamOptions, Timings};
 
-use crate::args::FileArgs;
 use crate::atomic::{self, AtomicFile};
 use crate::batch::{self, Batch, CommitError, Original, Pending};
-use crate::exit::{self, usage};
 use crate::stamp::Stamp;
+use crate::ui::exit::{self, usage};
+use crate::ui::{one_line, printable, shown};
+
+/// Options shared by encrypt and decrypt: where inputs come from and where
+/// outputs go.
+#[derive(Args, Debug, Clone)]
+pub struct FileArgs {
+    /// Output file ("-" for stdout). Only with a single input.
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+
+    /// Recurse into directories given as inputs (symlinks are not followed).
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+
+    /// Replace each input with its output: the original is removed only
+    /// after the output is fsynced and renamed into place, and only if it
+    /// is still the file that was read (one that changed is kept).
+    #[arg(long, conflicts_with = "output")]
+    pub in_place: bool,
+
+    /// Overwrite existing outputs.
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// Rename outputs into place without waiting for the disk, as cp does.
+    /// Faster for large files; but after a power failure an output may be
+    /// empty or short (it then fails to decrypt, never decrypts wrong).
+    /// Not allowed with --in-place, which removes originals.
+    #[arg(long, conflicts_with = "in_place")]
+    pub no_sync: bool,
+
+    /// Worker threads for large inputs (default: number of CPUs).
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// Write the run's figures (files, bytes, time, files/s, commit time,
+    /// unwraps, TPM unbinds and time) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+
+    /// Force a crypto backend (default: the fastest measured for the mode).
+    #[arg(long, value_enum)]
+    pub backend: Option<crate::args::value::BackendArg>,
+
+    /// Input files or directories; none or "-" reads stdin.
+    #[arg(value_name = "INPUT")]
+    pub inputs: Vec<PathBuf>,
+}
 
 /// Suffix of encrypted files.
 pub const SUFFIX: &str = "tpmc";
@@ -129,23 +177,7 @@ pub struct Plan {
 pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
     if stdin_only {
-        if args.in_place {
-            return Err(usage("--in-place needs input files, not stdin"));
-        }
-        let sink = match &args.output {
-            Some(p) if !is_dash(p) => Sink::File(p.clone()),
-            _ => Sink::Stdout,
-        };
-        return Ok(Plan {
-            tasks: vec![Task {
-                source: Source::Stdin,
-                sink,
-                walked: false,
-            }],
-            skipped: Vec::new(),
-            failed: Vec::new(),
-            same: Vec::new(),
-        });
+        return stdin_plan(args);
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
@@ -172,20 +204,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             same,
         });
     }
-    let mut tasks = Vec::with_capacity(sources.len());
-    for (src, walked) in sources {
-        match output_name(&src, naming) {
-            Ok(out) => tasks.push(Task {
-                sink: Sink::File(out),
-                source: Source::File(src),
-                walked,
-            }),
-            // A file found by the walk fails by itself; one named on the
-            // command line is a usage error.
-            Err(e) if walked => failed.push((src, format!("{e:#}"))),
-            Err(e) => return Err(e),
-        }
-    }
+    let tasks = named_tasks(sources, naming, &mut failed)?;
     skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
     refuse_outputs_that_are_inputs(&tasks)?;
     Ok(Plan {
@@ -194,6 +213,50 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         failed,
         same,
     })
+}
+
+/// The one task of a run that reads standard input.
+fn stdin_plan(args: &FileArgs) -> anyhow::Result<Plan> {
+    if args.in_place {
+        return Err(usage("--in-place needs input files, not stdin"));
+    }
+    let sink = match &args.output {
+        Some(p) if !is_dash(p) => Sink::File(p.clone()),
+        _ => Sink::Stdout,
+    };
+    Ok(Plan {
+        tasks: vec![Task {
+            source: Source::Stdin,
+            sink,
+            walked: false,
+        }],
+        skipped: Vec::new(),
+        failed: Vec::new(),
+        same: Vec::new(),
+    })
+}
+
+/// A task per source, each output named after its input. A file found by
+/// the walk that cannot be named fails by itself (into `failed`); one
+/// named on the command line is a usage error.
+fn named_tasks(
+    sources: Vec<(PathBuf, bool)>,
+    naming: Naming,
+    failed: &mut Vec<(PathBuf, String)>,
+) -> anyhow::Result<Vec<Task>> {
+    let mut tasks = Vec::with_capacity(sources.len());
+    for (src, walked) in sources {
+        match output_name(&src, naming) {
+            Ok(out) => tasks.push(Task {
+                sink: Sink::File(out),
+                source: Source::File(src),
+                walked,
+            }),
+            Err(e) if walked => failed.push((src, format!("{e:#}"))),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(tasks)
 }
 
 /// What [`gather`] found: the inputs (each with whether a walk found
@@ -335,9 +398,13 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
             // A subdirectory that cannot be read fails by itself, named;
             // the rest of the tree goes on.
             if let Err(e) = walk(&path, naming, found) {
-                found
-                    .failed
-                    .push((path, format!("cannot read the directory: {}", io_cause(&e))));
+                found.failed.push((
+                    path,
+                    format!(
+                        "cannot read the directory: {}",
+                        tpmcrypt_tpmkey::error::io_text(&e)
+                    ),
+                ));
             }
             continue;
         } else if ft.is_symlink() {
@@ -363,15 +430,6 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
         found.skipped.push(Skipped { path, why });
     }
     Ok(())
-}
-
-/// An I/O error without its "(os error N)".
-fn io_cause(e: &io::Error) -> String {
-    let text = e.to_string();
-    match text.rfind(" (os error ") {
-        Some(i) => text[..i].to_string(),
-        None => text,
-    }
 }
 
 /// Whether a regular file met by [`walk`] is an input (None) or why not.
@@ -467,10 +525,7 @@ impl RunOptions {
     /// (which reads cgroup files) is looked up on first use only: a run
     /// over one small file never needs it.
     pub fn jobs(&self) -> usize {
-        self.jobs.unwrap_or_else(|| {
-            static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-            *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        })
+        crate::options::workers(self.jobs)
     }
 }
 
@@ -615,8 +670,8 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
         }
         match run_one(i, task, opts, transform) {
             // Standard output is the only output of such a run.
-            Err(err) if task.sink == Sink::Stdout && crate::stdout::is_broken_pipe(&err) => {
-                crate::stdout::end_by_sigpipe()
+            Err(err) if task.sink == Sink::Stdout && crate::ui::stdout::is_broken_pipe(&err) => {
+                crate::ui::stdout::end_by_sigpipe()
             }
             r => {
                 let r = retry_out_of_files(r, i, tasks, opts, transform, &mut batch, &mut summary);
@@ -833,46 +888,142 @@ enum Done {
     Pending(Pending<(usize, u64)>),
 }
 
-/// A path as it may stand in one line on a terminal: as [`printable`], and
-/// each byte that is not UTF-8 shown as `\xNN` (two names that differ
-/// only there stay two names, where a lossy conversion would show both
-/// with U+FFFD). For display only: the path itself is used as bytes.
-pub fn shown(path: &Path) -> String {
-    let mut out = String::new();
-    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
-        out.push_str(&printable(chunk.valid()));
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// The cause chain on one line, as [`printable`].
-pub fn one_line(err: &anyhow::Error) -> String {
-    let hint = exit::hint(err).unwrap_or("");
-    printable(&format!("{err:#}{hint}"))
-}
-
-/// Text as it may stand in one line on a terminal: control characters (a
-/// newline in a file name, a terminal escape sequence) are shown escaped,
-/// `\n`, `\x1b`, never passed through.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
     Ok(File::from(fd.try_clone_to_owned()?))
+}
+
+/// An input opened for its task, and what its output keeps of it.
+struct Opened {
+    file: File,
+    /// The size of a regular file (read in parallel); None for a stream.
+    size: Option<u64>,
+    /// The output's permissions.
+    mode: u32,
+    /// How a regular input was before the read.
+    stamp: Option<Stamp>,
+    /// With `--in-place`: the owner the output keeps.
+    owner: Option<(u32, u32)>,
+}
+
+/// Opens a task's input, refusing what the run must not read or remove.
+fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
+    let path = match &task.source {
+        Source::Stdin => {
+            return Ok(Opened {
+                file: stdio_file(io::stdin().as_fd())?,
+                size: None,
+                mode: 0o666 & !current_umask(),
+                stamp: None,
+                owner: None,
+            })
+        }
+        Source::File(path) => path,
+    };
+    if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(usage(InPlaceSymlink.to_string()));
+    }
+    if fs::metadata(path)?.is_dir() {
+        return Err(usage("is a directory (use -r to recurse)"));
+    }
+    // Regular files are read in parallel; pipes and devices (e.g.
+    // `<(tar c dir)`) are streamed.
+    let file = open_input(path, opts.in_place, task.walked)?;
+    let meta = file.metadata()?;
+    if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
+        // Removing one name would leave the plaintext under the others.
+        return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
+    }
+    if opts.in_place && opts.output_kind == Holds::Ciphertext {
+        if let Some(what) = private_key_kind(&file) {
+            return Err(usage(format!(
+                "is {what}: --in-place would remove it, and it may be the key \
+                 needed to open its own ciphertext; encrypt a copy without --in-place"
+            )));
+        }
+    }
+    Ok(Opened {
+        size: meta.is_file().then_some(meta.len()),
+        stamp: meta.is_file().then(|| Stamp::of(&meta)),
+        // An output that replaces its original keeps who owns it.
+        owner: opts.in_place.then(|| (meta.uid(), meta.gid())),
+        mode: meta.permissions().mode() & 0o777,
+        file,
+    })
+}
+
+/// Written to stdout or a device: what was written is not a copy of one
+/// version of an input that changed.
+const STREAMED: &str = "what was written is not a copy of one version of it";
+/// Written to a file that is not kept when its input changed.
+const DISCARDED: &str = "its output was not kept";
+
+/// One task's transform, run into whichever output its sink opens.
+struct Transfer<'a> {
+    task: &'a Task,
+    opts: &'a RunOptions,
+    transform: &'a Transform<'a>,
+    input: File,
+    stamp: Option<Stamp>,
+    stream_opts: StreamOptions<'a>,
+}
+
+impl Transfer<'_> {
+    fn write_error(&self, output: &dyn std::fmt::Display) -> WriteError {
+        WriteError {
+            output: output.to_string(),
+            input: self.task.label(),
+            kind: self.opts.output_kind,
+        }
+    }
+
+    /// Whether a regular input is no longer as it was before the read.
+    fn changed(&self) -> bool {
+        match (&self.stamp, self.input.metadata()) {
+            (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
+            (Some(_), Err(_)) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// Runs the transform into `out`; a failure after a failed write is
+    /// the output's (and, on stdout, EPIPE is told apart). A regular input
+    /// must be as it was before the read.
+    fn run_into(
+        &mut self,
+        out: &mut (dyn Write + Send),
+        name: &dyn std::fmt::Display,
+        outcome: &'static str,
+    ) -> anyhow::Result<u64> {
+        let mut tap = Tap {
+            inner: out,
+            failed: false,
+            reader_gone: false,
+        };
+        let n = match (self.transform)(&mut self.input, &mut tap, &self.stream_opts) {
+            Ok(n) => n,
+            Err(e) if tap.failed => {
+                let err = anyhow::Error::new(e);
+                // Only standard output's reader going away ends a run quietly.
+                let err = if tap.reader_gone && self.task.sink == Sink::Stdout {
+                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
+                    err.context(crate::ui::stdout::WriteFailed(gone))
+                } else {
+                    err
+                };
+                return Err(err.context(self.write_error(name)));
+            }
+            // An input that changed explains a failed read (it shrank, or
+            // holds more than its size said) better than the read does.
+            Err(e) if self.changed() => {
+                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if self.changed() {
+            return Err(InputChanged { outcome }.into());
+        }
+        Ok(n)
+    }
 }
 
 fn run_one(
@@ -881,185 +1032,138 @@ fn run_one(
     opts: &RunOptions,
     transform: &Transform<'_>,
 ) -> anyhow::Result<Done> {
-    let (mut input, size, mode, stamp, owner) = match &task.source {
-        Source::Stdin => (
-            stdio_file(io::stdin().as_fd())?,
-            None,
-            0o666 & !current_umask(),
-            None,
-            None,
-        ),
-        Source::File(path) => {
-            if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
-                return Err(usage(InPlaceSymlink.to_string()));
-            }
-            if fs::metadata(path)?.is_dir() {
-                return Err(usage("is a directory (use -r to recurse)"));
-            }
-            // Regular files are read in parallel; pipes and devices (e.g.
-            // `<(tar c dir)`) are streamed.
-            let file = open_input(path, opts.in_place, task.walked)?;
-            let meta = file.metadata()?;
-            if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
-                // Removing one name would leave the plaintext under the others.
-                return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
-            }
-            if opts.in_place && opts.output_kind == Holds::Ciphertext {
-                if let Some(what) = private_key_kind(&file) {
-                    return Err(usage(format!(
-                        "is {what}: --in-place would remove it, and it may be the key \
-                         needed to open its own ciphertext; encrypt a copy without --in-place"
-                    )));
-                }
-            }
-            let size = meta.is_file().then_some(meta.len());
-            let stamp = meta.is_file().then(|| Stamp::of(&meta));
-            // An output that replaces its original keeps who owns it.
-            let owner = opts.in_place.then(|| (meta.uid(), meta.gid()));
-            (file, size, meta.permissions().mode() & 0o777, stamp, owner)
-        }
-    };
-    let workers = match size {
+    let opened = open_source(task, opts)?;
+    let workers = match opened.size {
         Some(n) if n < opts.parallel_threshold => 1,
         _ => opts.jobs().max(1),
     };
-    let bar = make_bar(opts.progress, size);
+    let bar = make_bar(opts.progress, opened.size);
     let tick = |done: u64| {
         if let Some(bar) = &bar {
             bar.set_position(done);
         }
     };
-    let stream_opts = StreamOptions {
-        workers,
-        progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
-        timings: Some(&opts.timings),
+    let mut transfer = Transfer {
+        task,
+        opts,
+        transform,
+        input: opened.file,
+        stamp: opened.stamp,
+        stream_opts: StreamOptions {
+            workers,
+            progress: bar.as_ref().map(|_| &tick as &(dyn Fn(u64) + Sync)),
+            timings: Some(&opts.timings),
+        },
     };
-    let write_error = |output: &dyn std::fmt::Display| WriteError {
-        output: output.to_string(),
-        input: task.label(),
-        kind: opts.output_kind,
-    };
-    // Whether a regular input is no longer as it was before the read.
-    let changed = |file: &File| match (&stamp, file.metadata()) {
-        (Some(st0), Ok(meta)) => Stamp::of(&meta) != *st0,
-        (Some(_), Err(_)) => true,
-        (None, _) => false,
-    };
-    // Runs the transform into `out`; a failure after a failed write is
-    // the output's (and, on stdout, EPIPE is told apart). A regular input
-    // must be as it was before the read.
-    let mut transform_into = |out: &mut (dyn Write + Send),
-                              name: &dyn std::fmt::Display,
-                              outcome: &'static str|
-     -> anyhow::Result<u64> {
-        let mut tap = Tap {
-            inner: out,
-            failed: false,
-            reader_gone: false,
-        };
-        let n = match transform(&mut input, &mut tap, &stream_opts) {
-            Ok(n) => n,
-            Err(e) if tap.failed => {
-                let err = anyhow::Error::new(e);
-                // Only standard output's reader going away ends a run quietly.
-                let err = if tap.reader_gone && task.sink == Sink::Stdout {
-                    let gone = io::Error::from(io::ErrorKind::BrokenPipe);
-                    err.context(crate::stdout::WriteFailed(gone))
-                } else {
-                    err
-                };
-                return Err(err.context(write_error(name)));
-            }
-            // An input that changed explains a failed read (it shrank, or
-            // holds more than its size said) better than the read does.
-            Err(e) if changed(&input) => {
-                return Err(anyhow::Error::new(e).context(InputChanged { outcome }))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if changed(&input) {
-            return Err(InputChanged { outcome }.into());
-        }
-        Ok(n)
-    };
-    const STREAMED: &str = "what was written is not a copy of one version of it";
-    const DISCARDED: &str = "its output was not kept";
     let n = match &task.sink {
-        Sink::Stdout => {
-            if crate::stdout::closed_at_start() {
-                // Rather than write into the /dev/null put in its place.
-                let closed = anyhow::Error::new(crate::stdout::Closed);
-                return Err(closed.context(write_error(&crate::stdout::LABEL)));
-            }
-            let stdout = io::stdout();
-            if opts.refuse_tty_output && stdout.is_terminal() {
-                return Err(usage(
-                    "refusing to write ciphertext to a terminal (use -o or redirect)",
-                ));
-            }
-            let mut out = stdio_file(stdout.as_fd())?;
-            transform_into(&mut out, &crate::stdout::LABEL, STREAMED)?
-        }
+        Sink::Stdout => to_stdout(&mut transfer)?,
         Sink::File(dest) if is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
-            transform_into(&mut out, &shown(dest), STREAMED)?
+            transfer.run_into(&mut out, &shown(dest), STREAMED)?
         }
         Sink::File(dest) => {
-            atomic::clean_stale_partials_once(dest);
-            let mut out = AtomicFile::create(dest, mode, opts.force)
-                .with_context(|| format!("creating {}", shown(dest)))?;
-            if let Some((uid, gid)) = owner {
-                // Before any byte is written: refused, nothing is left.
-                out.set_owner(uid, gid, mode)
-                    .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
-            }
-            let durable = opts.in_place || !opts.no_sync;
-            let n = if durable {
-                transform_into(
-                    &mut atomic::Writeback::new(out.file()),
-                    &shown(dest),
-                    DISCARDED,
-                )?
-            } else {
-                transform_into(out.file(), &shown(dest), DISCARDED)?
+            let out = NewFile {
+                dest,
+                mode: opened.mode,
+                owner: opened.owner,
+                bar: bar.as_ref(),
             };
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-            if durable {
-                // Made durable, renamed, and its original removed with the
-                // rest of its batch.
-                let original = match (&task.source, stamp, opts.in_place) {
-                    (Source::File(src), Some(stamp), true) => Some(Original {
-                        path: src.clone(),
-                        file: input,
-                        stamp,
-                    }),
-                    _ => None,
-                };
-                return Ok(Done::Pending(Pending {
-                    tag: (index, n),
-                    out,
-                    bytes: n,
-                    original,
-                }));
-            }
-            out.commit_unsynced().map_err(|e| {
-                if e.kind() == io::ErrorKind::AlreadyExists {
-                    // Another run took the name first: as when it existed.
-                    anyhow::Error::new(e)
-                } else {
-                    // A failed rename or directory fsync is the output's.
-                    anyhow::Error::new(e).context(write_error(&shown(dest)))
-                }
-            })?;
-            return Ok(Done::Finished(n));
+            return to_file(index, out, transfer);
         }
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    Ok(Done::Finished(n))
+}
+
+/// Runs a transfer into standard output, if it is there and may take it.
+fn to_stdout(transfer: &mut Transfer<'_>) -> anyhow::Result<u64> {
+    use crate::ui::stdout;
+    if stdout::closed_at_start() {
+        // Rather than write into the /dev/null put in its place.
+        let closed = anyhow::Error::new(stdout::Closed);
+        return Err(closed.context(transfer.write_error(&stdout::LABEL)));
+    }
+    let out = io::stdout();
+    if transfer.opts.refuse_tty_output && out.is_terminal() {
+        return Err(usage(
+            "refusing to write ciphertext to a terminal (use -o or redirect)",
+        ));
+    }
+    let mut out = stdio_file(out.as_fd())?;
+    transfer.run_into(&mut out, &stdout::LABEL, STREAMED)
+}
+
+/// A file output to create, and the progress bar to clear once written.
+struct NewFile<'a> {
+    dest: &'a Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    bar: Option<&'a indicatif::ProgressBar>,
+}
+
+/// Runs a transfer into a new file renamed into place as `dest`: a
+/// durable one waits for its batch (with its original, for
+/// `--in-place`); with `--no-sync` it is renamed at once.
+fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow::Result<Done> {
+    let NewFile {
+        dest,
+        mode,
+        owner,
+        bar,
+    } = new;
+    let opts = transfer.opts;
+    atomic::clean_stale_partials_once(dest);
+    let mut out = AtomicFile::create(dest, mode, opts.force)
+        .with_context(|| format!("creating {}", shown(dest)))?;
+    if let Some((uid, gid)) = owner {
+        // Before any byte is written: refused, nothing is left.
+        out.set_owner(uid, gid, mode)
+            .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
+    }
+    let durable = opts.in_place || !opts.no_sync;
+    let n = if durable {
+        transfer.run_into(
+            &mut atomic::Writeback::new(out.file()),
+            &shown(dest),
+            DISCARDED,
+        )?
+    } else {
+        transfer.run_into(out.file(), &shown(dest), DISCARDED)?
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if durable {
+        // Made durable, renamed, and its original removed with the rest
+        // of its batch.
+        let original = match (&transfer.task.source, transfer.stamp, opts.in_place) {
+            (Source::File(src), Some(stamp), true) => Some(Original {
+                path: src.clone(),
+                file: transfer.input,
+                stamp,
+            }),
+            _ => None,
+        };
+        return Ok(Done::Pending(Pending {
+            tag: (index, n),
+            out,
+            bytes: n,
+            original,
+        }));
+    }
+    let write_error = transfer.write_error(&shown(dest));
+    out.commit_unsynced().map_err(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            // Another run took the name first: as when it existed.
+            anyhow::Error::new(e)
+        } else {
+            // A failed rename or directory fsync is the output's.
+            anyhow::Error::new(e).context(write_error)
+        }
+    })?;
     Ok(Done::Finished(n))
 }
 
@@ -1131,21 +1235,6 @@ mod tests {
             backend: None,
             inputs: inputs.iter().map(PathBuf::from).collect(),
         }
-    }
-
-    #[test]
-    fn printable_escapes_control_characters_only() {
-        assert_eq!(printable("a\nb\tc\rd"), "a\\nb\\tc\\rd");
-        assert_eq!(printable("\u{1b}[2J\u{7f}\u{9b}"), "\\x1b[2J\\x7f\\x9b");
-        assert_eq!(printable("été/日本 \\ ok"), "été/日本 \\ ok");
-        let err = anyhow::anyhow!("line one\nline two").context("x\ny");
-        assert_eq!(one_line(&err), "x\\ny: line one\\nline two");
-    }
-
-    #[test]
-    fn shown_escapes_bytes_that_are_not_utf8() {
-        let p = Path::new(OsStr::from_bytes(b"d\n/caf\xe9\xe8 \xc3\xa9"));
-        assert_eq!(shown(p), "d\\n/caf\\xe9\\xe8 é");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tpmcrypt_cipher::recipient::{self, Identity, Recipient};
 use tpmcrypt_cipher::recovery::{self, RecoveryKey};
 use zeroize::Zeroizing;
 
-use crate::exit::usage;
+use crate::ui::exit::usage;
 
 /// Largest recipients file read: a list of recipients is a few KiB, and a
 /// device such as /dev/zero must not be read forever.
@@ -137,7 +137,7 @@ pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
 
 /// Opens the keystore named by `--keystore`/`TPMCRYPT_HOME`, or the
 /// default, and refuses one that another user could have written to.
-pub fn keystore(ui: &crate::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
+pub fn keystore(ui: &crate::ui::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
     let store = match &ui.keystore {
         Some(dir) => tpmcrypt_tpmkey::Keystore::open(dir)?,
         None => tpmcrypt_tpmkey::Keystore::open_default()?,
@@ -148,7 +148,7 @@ pub fn keystore(ui: &crate::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
 
 /// The recipients a file encrypted to keystore key `name` gets (see
 /// [`tpmcrypt_tpmkey::identity::key_recipients`]).
-pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
+pub fn key_recipients(ui: &crate::ui::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
     let store = keystore(ui)?;
     tpmcrypt_tpmkey::keystore::validate_name(name)?;
     if !store.exists(name) {
@@ -163,7 +163,7 @@ pub fn key_recipients(ui: &crate::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn 
 /// Every key of the keystore as an identity (nothing is read from the TPM
 /// until a file is addressed to one of them). An absent keystore is empty.
 pub fn keystore_identities(
-    ui: &crate::Ui,
+    ui: &crate::ui::Ui,
     access: &std::sync::Arc<tpmcrypt_tpmkey::identity::TpmAccess>,
 ) -> anyhow::Result<Vec<Box<dyn Identity>>> {
     let dir = match &ui.keystore {
@@ -180,10 +180,7 @@ pub fn keystore_identities(
     // damaged key file, is named in a warning and left out, and never
     // blocks an identity given with -i (the way back when the TPM is gone).
     let warn = |what: String, e: &dyn std::fmt::Display| {
-        eprintln!(
-            "warning: {what}: {}",
-            crate::files::printable(&e.to_string())
-        );
+        eprintln!("warning: {what}: {}", crate::ui::printable(&e.to_string()));
     };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
     let pins = crate::tpm::pins();

@@ -5,32 +5,19 @@ mod args;
 mod atomic;
 mod batch;
 mod commands;
-mod exit;
 mod files;
 mod harden;
 mod keys;
+mod options;
 mod stamp;
 mod statsfile;
-mod stdout;
 mod tpm;
+mod ui;
 
 use clap::{CommandFactory, Parser};
 
 use crate::args::{Cli, Command};
-
-/// Output preferences shared by the commands.
-pub struct Ui {
-    /// Print summaries.
-    pub verbose: bool,
-    /// No progress bars.
-    pub quiet: bool,
-    /// `--keystore`, if given.
-    pub keystore: Option<std::path::PathBuf>,
-    /// `--tpm`, if given.
-    pub tpm: Option<String>,
-    /// `--simulator`.
-    pub simulator: bool,
-}
+use crate::ui::{exit, stdout, Ui};
 
 fn main() {
     // Before anything may hold a key.
@@ -47,7 +34,7 @@ fn main() {
             // (exit 2): those are printed whole.
             if !e.use_stderr() {
                 if let Err(err) = stdout::ensure_open() {
-                    eprintln!("error: {}", files::one_line(&err));
+                    eprintln!("error: {}", ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
@@ -56,7 +43,7 @@ fn main() {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
                     }
-                    eprintln!("error: {}", files::one_line(&err));
+                    eprintln!("error: {}", ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 std::process::exit(exit::OK);
@@ -95,7 +82,7 @@ fn main() {
         Ok(code) => code,
         Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
         Err(err) => {
-            eprintln!("error: {}", files::one_line(&err));
+            eprintln!("error: {}", ui::one_line(&err));
             exit::code_for(&err)
         }
     };

@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
-use crate::args::FileArgs;
-use crate::exit::usage;
-use crate::files::{shown, Plan, Sink, Source};
+use crate::files::FileArgs;
+use crate::files::{Plan, Sink, Source};
+use crate::ui::exit::usage;
+use crate::ui::shown;
 
 /// Where the figures go.
 #[derive(Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use tpmcrypt_tpmkey::identity::{Pin, PinSource, Pins, Target, TpmAccess, MAX_TYP
 use tpmcrypt_tpmkey::Tcti;
 use zeroize::Zeroizing;
 
-use crate::Ui;
+use crate::ui::Ui;
 
 /// Environment variable holding a key's PIN (instead of a prompt).
 pub const ENV_PIN: &str = "TPMCRYPT_PIN";

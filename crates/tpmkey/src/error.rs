@@ -213,14 +213,25 @@ impl Error {
     }
 }
 
+/// An I/O error's text without its " (os error N)" suffix, as it ends an
+/// error line ("Permission denied").
+///
+/// ```
+/// let e = std::io::Error::from_raw_os_error(2);
+/// assert_eq!(tpmcrypt_tpmkey::error::io_text(&e), "No such file or directory");
+/// ```
+pub fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
+
 /// An I/O error as a short lower-case cause ("connection refused"),
 /// without the "(os error N)" suffix.
 pub(crate) fn io_cause(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    let text = match text.rfind(" (os error ") {
-        Some(i) => &text[..i],
-        None => &text,
-    };
+    let text = io_text(e);
     let mut chars = text.chars();
     match chars.next() {
         Some(c) => c.to_lowercase().chain(chars).collect(),

@@ -14,7 +14,7 @@ use tpmcrypt_tpmkey::agent::{self, Agent, AgentClient};
 #[derive(Args, Debug)]
 pub struct AgentArgs {
     /// How long each session key is kept after it was unwrapped.
-    #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = crate::args::ttl_value)]
+    #[arg(long, default_value = "15m", value_name = "DURATION", value_parser = crate::args::value::ttl_value)]
     pub ttl: String,
     /// Stop the running agent (it wipes every key first).
     #[arg(long)]
@@ -29,9 +29,9 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("no agent is running at {}", path.display()))?;
         client.stop()?;
         eprintln!("agent stopped");
-        return Ok(crate::exit::OK);
+        return Ok(crate::ui::exit::OK);
     }
-    let ttl = agent::parse_duration(&args.ttl)?;
+    let ttl = crate::args::value::ttl(&args.ttl).map_err(crate::ui::exit::usage)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGTERM,
@@ -48,13 +48,13 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     );
     server.serve(&stop)?;
     eprintln!("tpmcrypt agent: stopped, keys wiped");
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
     eprintln!(
         "warning: not using the agent: {}",
-        crate::files::printable(&e.to_string())
+        crate::ui::printable(&e.to_string())
     );
 }
 

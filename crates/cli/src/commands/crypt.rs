@@ -2,16 +2,77 @@
 //! one session key for everything encrypted, one unwrap per session for
 //! everything decrypted.
 
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tpmcrypt_cipher::{backend, Decryptor, Mode, Params, TimingsSnapshot};
+use clap::Args;
+use tpmcrypt_cipher::{Decryptor, TimingsSnapshot};
 
-use crate::args::{BackendArg, DecryptArgs, EncryptArgs, FileArgs, ModeArg};
-use crate::files::{self, Holds, Naming, RunOptions, Summary};
+use crate::args::value::{BitsArg, ModeArg};
+use crate::files::{self, FileArgs, Holds, Naming, RunOptions, Summary};
 use crate::keys;
+use crate::options;
 use crate::statsfile;
-use crate::Ui;
+use crate::ui::Ui;
+
+/// `tpmcrypt encrypt`.
+#[derive(Args, Debug)]
+pub struct EncryptArgs {
+    /// Recipient: a recovery recipient string (tpmcrypt-recovery:…), or a
+    /// recipients file ("-" for stdin): recovery recipient lines and PEM
+    /// public keys (e.g. `key export` output), # comments. May be repeated.
+    #[arg(
+        short = 'R',
+        long = "recipient",
+        value_name = "RECIPIENT",
+        required_unless_present = "keys"
+    )]
+    pub recipients: Vec<std::ffi::OsString>,
+
+    /// A TPM key from the keystore, by name (its public half only: no TPM
+    /// is needed to encrypt). Its recovery recipients are added too.
+    #[arg(short = 'k', long = "key", value_name = "NAME")]
+    pub keys: Vec<String>,
+
+    /// Payload mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Gcm)]
+    pub mode: ModeArg,
+
+    /// AES key size in bits (192 is not Tink-interoperable).
+    #[arg(long, value_enum, default_value_t = BitsArg::B256)]
+    pub bits: BitsArg,
+
+    /// Ciphertext segment size in bytes (advanced; default 1 MiB).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    pub segment_size: Option<u32>,
+
+    /// Start a session of this run's own even when an agent runs (by
+    /// default `encrypt` joins the agent's current session for the same
+    /// recipients and parameters, so that files encrypted by many runs
+    /// decrypt with one TPM operation).
+    #[arg(long)]
+    pub new_session: bool,
+
+    /// Allow writing ciphertext to a terminal.
+    #[arg(long, hide = true)]
+    pub allow_tty: bool,
+
+    #[command(flatten)]
+    pub files: FileArgs,
+}
+
+/// `tpmcrypt decrypt`.
+#[derive(Args, Debug)]
+pub struct DecryptArgs {
+    /// Identity file (a recovery identity). May be repeated. Keys in the
+    /// keystore are always tried too (the TPM is used only if a file is
+    /// addressed to one of them).
+    #[arg(short = 'i', long = "identity", value_name = "IDENTITY")]
+    pub identities: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub files: FileArgs,
+}
 
 fn run_options(
     files: &FileArgs,
@@ -34,13 +95,6 @@ fn run_options(
     }
 }
 
-fn chosen_backend(arg: Option<BackendArg>) -> anyhow::Result<Option<Arc<dyn backend::Backend>>> {
-    Ok(match arg {
-        Some(b) => Some(backend::by_name(b.name())?),
-        None => None,
-    })
-}
-
 /// With `-v`, names every file a recursive run leaves out, and why; and
 /// always, one error line for each file or directory the walk found
 /// failing by itself (counted as a failure of the run).
@@ -48,17 +102,21 @@ fn report_skipped(plan: &files::Plan, ui: &Ui) {
     for (first, again) in &plan.same {
         eprintln!(
             "tpmcrypt: {} and {} are the same file: done once",
-            files::shown(first),
-            files::shown(again)
+            crate::ui::shown(first),
+            crate::ui::shown(again)
         );
     }
     if ui.verbose {
         for s in &plan.skipped {
-            eprintln!("tpmcrypt: skipped {}: {}", files::shown(&s.path), s.why);
+            eprintln!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
         }
     }
     for (path, why) in &plan.failed {
-        eprintln!("error: {}: {}", files::shown(path), files::printable(why));
+        eprintln!(
+            "error: {}: {}",
+            crate::ui::shown(path),
+            crate::ui::printable(why)
+        );
     }
 }
 
@@ -66,7 +124,7 @@ fn report_skipped(plan: &files::Plan, ui: &Ui) {
 fn with_walk_failures(mut summary: Summary, plan: &files::Plan) -> Summary {
     if !plan.failed.is_empty() {
         summary.failed += plan.failed.len() as u64;
-        summary.first_code.get_or_insert(crate::exit::OTHER);
+        summary.first_code.get_or_insert(crate::ui::exit::OTHER);
     }
     summary
 }
@@ -200,7 +258,7 @@ fn finish(
         eprintln!("{}", wall.line());
         eprintln!("{}", engine_line(&timing.engine));
     }
-    Ok(summary.first_code.unwrap_or(crate::exit::OK))
+    Ok(summary.first_code.unwrap_or(crate::ui::exit::OK))
 }
 
 /// `--stats-json FILE`: the figures of `-v` as JSON (documented in
@@ -252,45 +310,26 @@ fn stats_target(files: &FileArgs, plan: &files::Plan) -> anyhow::Result<Option<s
 /// Runs `encrypt`.
 pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let start = std::time::Instant::now();
-    let mode = match args.mode {
-        ModeArg::Gcm => Mode::Gcm,
-        ModeArg::Cbc => Mode::Cbc,
-    };
-    let mut params = Params::new(mode, args.bits.bits())?;
-    if let Some(size) = args.segment_size {
-        params = params.with_segment_size(size)?;
-    }
+    let params = options::params(args.mode, args.bits, args.segment_size)?;
     let plaintext_from_stdin = args.files.inputs.is_empty()
         || args
             .files
             .inputs
             .iter()
             .any(|p| keys::is_stdin(p.as_os_str()));
-    if plaintext_from_stdin && args.recipients.iter().any(|r| keys::is_stdin(r)) {
-        return Err(crate::exit::usage(
-            "-R - reads the recipients from standard input, so the plaintext cannot come \
-             from it too: name the input files",
-        ));
-    }
-    let mut recipients = keys::parse_recipients(&args.recipients)?;
-    for name in &args.keys {
-        recipients.extend(keys::key_recipients(ui, name)?);
-    }
+    let recipients = options::recipients(
+        ui,
+        &options::RecipientFlags {
+            recipients: &args.recipients,
+            keys: &args.keys,
+            plaintext_from_stdin,
+        },
+    )?;
     let plan = files::plan(&args.files, Naming::Encrypt)?;
     let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
-    if let Some(b) = chosen_backend(args.files.backend)? {
-        if (mode == Mode::Cbc && !b.supports_cbc())
-            || !b.supports_gcm(params.key_len) && mode == Mode::Gcm
-        {
-            return Err(crate::exit::usage(format!(
-                "backend {} does not support {} with {}-bit keys",
-                b.name(),
-                mode.name(),
-                params.key_bits()
-            )));
-        }
+    if let Some(b) = options::backend(args.files.backend, Some(&params))? {
         encryptor = encryptor.with_backend(b);
     }
     let opts = run_options(&args.files, ui, !args.allow_tty, Holds::Ciphertext);
@@ -326,25 +365,17 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
 /// Runs `decrypt`.
 pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let start = std::time::Instant::now();
-    let mut identities = args
-        .identities
-        .iter()
-        .map(|p| keys::load_identity(p))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let access = crate::tpm::access(ui)?;
-    identities.extend(keys::keystore_identities(ui, &access)?);
-    if identities.is_empty() {
-        return Err(crate::exit::usage(
-            "no identity: give -i IDENTITY, or create a TPM key with `tpmcrypt key create`",
-        ));
-    }
+    let options::Identities {
+        list: identities,
+        access,
+    } = options::identities(ui, &args.identities)?;
     let plan = files::plan(&args.files, Naming::Decrypt)?;
     let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(agent) = crate::commands::agent::cache() {
         decryptor = decryptor.with_session_cache(Box::new(agent));
     }
-    if let Some(b) = chosen_backend(args.files.backend)? {
+    if let Some(b) = options::backend(args.files.backend, None)? {
         decryptor = decryptor.with_backend(b);
     }
     let opts = run_options(&args.files, ui, false, Holds::Plaintext);

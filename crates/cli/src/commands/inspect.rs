@@ -4,13 +4,14 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
 use anyhow::Context as _;
+use clap::Args;
 use serde::Serialize;
 use tpmcrypt_cipher::recipient::kind;
 use tpmcrypt_cipher::{Decryptor, Header, Mode};
 
-use crate::args::InspectArgs;
 use crate::keys;
 
 #[derive(Serialize)]
@@ -41,9 +42,30 @@ struct Inspect {
     session_key: Option<String>,
 }
 
+/// `tpmcrypt inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// The file to inspect.
+    pub file: PathBuf,
+
+    /// Print JSON (field names are documented in docs/format.md).
+    #[arg(long)]
+    pub json: bool,
+
+    /// Identity used with --reveal-session-key.
+    #[arg(short = 'i', long = "identity", value_name = "IDENTITY")]
+    pub identities: Vec<PathBuf>,
+
+    /// DANGEROUS: print the unwrapped session key in hex (for escrow, or to
+    /// decrypt the payload with another implementation such as Tink). Anyone
+    /// who sees it can decrypt every file of the session.
+    #[arg(long, requires = "identities")]
+    pub reveal_session_key: bool,
+}
+
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
-    let label = || crate::files::shown(&args.file);
+    let label = || crate::ui::shown(&args.file);
     let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
     let header = Header::read_from(&mut input).with_context(label)?;
     let session_key = if args.reveal_session_key {
@@ -87,8 +109,8 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
             .collect(),
         session_key,
     };
-    crate::stdout::write_all(render(&info, args.json)?.as_bytes())?;
-    Ok(crate::exit::OK)
+    crate::ui::stdout::write_all(render(&info, args.json)?.as_bytes())?;
+    Ok(crate::ui::exit::OK)
 }
 
 /// The text `inspect` prints: JSON, or one field a line.

@@ -1,7 +1,7 @@
 //! `tpmcrypt key …`: create, import, list, show, export and delete TPM keys.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -10,10 +10,12 @@ use serde::Serialize;
 use tpmcrypt_cipher::recipient::fingerprint_spki;
 use tpmcrypt_tpmkey::{KeyAlg, KeyMeta, Keystore, PcrSelection};
 
-use crate::exit::usage;
+use crate::keys;
 use crate::tpm::read_pin;
-use crate::{keys, Ui};
+use crate::ui::exit::usage;
+use crate::ui::Ui;
 use tpmcrypt_tpmkey::identity::Target;
+use zeroize::Zeroizing;
 
 /// `tpmcrypt key`.
 #[derive(Subcommand, Debug)]
@@ -107,7 +109,7 @@ pub struct CreateArgs {
     #[arg(long, value_enum, default_value_t = AlgArg::EccP256)]
     pub alg: AlgArg,
     /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
-    #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::pcrs_value)]
+    #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::value::pcrs_value)]
     pub pcrs: Option<String>,
     /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
     #[arg(long)]
@@ -136,97 +138,15 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             name,
             pin,
             no_pin,
-        } => {
-            let name = match name {
-                Some(n) => n.clone(),
-                None => default_name(file)?,
-            };
-            tpmcrypt_tpmkey::keystore::validate_name(&name)?;
-            if store.exists(&name) {
-                return Err(exists_already(&name));
-            }
-            let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
-            // A key tpmcrypt could never unbind with is refused before
-            // anything else is asked; the TPM then shows that it loads the
-            // key under the standard storage key.
-            tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
-                .map_err(|e| usage(format!("{}: {e}", crate::files::shown(file))))?;
-            let has_pin = Some(import_has_pin(file, &pem, *pin, *no_pin)?);
-            let access = crate::tpm::access(ui)?;
-            let (blob, meta) = store
-                .import_checked(&name, file, has_pin, |blob| {
-                    access.with(|tpm| tpm.check_loads(blob))
-                })
-                .with_context(|| file.display().to_string())?;
-            let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-            crate::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
-            for other in store.list()?.iter().filter(|n| **n != name) {
-                if describe(&store, other).is_ok_and(|k| k.fingerprint == fp) {
-                    eprintln!(
-                        "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
-                         under two names shares one PIN"
-                    );
-                }
-            }
-            Ok(crate::exit::OK)
-        }
+        } => import(&store, ui, file, name.as_deref(), (*pin, *no_pin)),
         KeyCommand::List { json } => list(&store, *json),
-        KeyCommand::Show { name } => {
-            let info = describe(&store, name)?;
-            crate::stdout::line(&format!("name:        {}", info.name))?;
-            crate::stdout::line(&format!("algorithm:   {}", info.alg))?;
-            crate::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
-            crate::stdout::line(&format!(
-                "pcrs:        {}",
-                info.pcrs.as_deref().unwrap_or("none")
-            ))?;
-            crate::stdout::line(&format!(
-                "pin:         {}",
-                if info.pin { "yes" } else { "no" }
-            ))?;
-            crate::stdout::line(&format!("created:     unix time {}", info.created))?;
-            crate::stdout::line(&format!(
-                "tpm:         {}",
-                info.tpm.as_deref().unwrap_or("unknown")
-            ))?;
-            crate::stdout::line(&format!(
-                "simulator:   {}",
-                if info.simulator {
-                    "yes (NOT secure)"
-                } else {
-                    "no"
-                }
-            ))?;
-            for r in &info.recovery {
-                crate::stdout::line(&format!("recovery:    {r}"))?;
-            }
-            crate::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
-            crate::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
-            Ok(crate::exit::OK)
-        }
+        KeyCommand::Show { name } => show(&store, name),
         KeyCommand::Export { name } => {
             let (blob, _) = store.load(name)?;
-            crate::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
-            Ok(crate::exit::OK)
+            crate::ui::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
+            Ok(crate::ui::exit::OK)
         }
-        KeyCommand::Delete { name, yes } => {
-            if !store.exists(name) {
-                return Err(usage(format!("no key named {name:?}")));
-            }
-            if !confirm_destroy(
-                &format!(
-                    "delete key {name} (files encrypted only to it, not to a recovery \
-                     recipient, become unreadable)"
-                ),
-                *yes,
-            )? {
-                eprintln!("not deleted");
-                return Ok(crate::exit::OTHER);
-            }
-            store.delete(name)?;
-            crate::stdout::line(&format!("deleted {name}"))?;
-            Ok(crate::exit::OK)
-        }
+        KeyCommand::Delete { name, yes } => delete(&store, name, *yes),
     }
 }
 
@@ -288,25 +208,108 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
-fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
-    tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
-    if store.exists(&args.name) {
-        if !args.force {
-            return Err(exists_already(&args.name));
-        }
-        let what = format!(
-            "destroy the existing key {name} (its private half exists only in this TPM, so \
-             files encrypted only to it, not to a recovery recipient, become unreadable)",
-            name = args.name
-        );
-        if !confirm_destroy(&what, args.yes)? {
-            eprintln!("key {} kept", args.name);
-            return Ok(crate::exit::OTHER);
+/// `key import FILE`: records a TPM key file in the keystore once the
+/// TPM shows it loads there.
+fn import(
+    store: &Keystore,
+    ui: &Ui,
+    file: &Path,
+    name: Option<&str>,
+    pin_flags: (bool, bool),
+) -> anyhow::Result<i32> {
+    let (pin, no_pin) = pin_flags;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => default_name(file)?,
+    };
+    tpmcrypt_tpmkey::keystore::validate_name(&name)?;
+    if store.exists(&name) {
+        return Err(exists_already(&name));
+    }
+    let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+    // A key tpmcrypt could never unbind with is refused before
+    // anything else is asked; the TPM then shows that it loads the
+    // key under the standard storage key.
+    tpmcrypt_tpmkey::KeyBlob::from_pem(&pem)
+        .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
+    let has_pin = Some(import_has_pin(file, &pem, pin, no_pin)?);
+    let access = crate::tpm::access(ui)?;
+    let (blob, meta) = store
+        .import_checked(&name, file, has_pin, |blob| {
+            access.with(|tpm| tpm.check_loads(blob))
+        })
+        .with_context(|| file.display().to_string())?;
+    let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
+    crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
+    for other in store.list()?.iter().filter(|n| **n != name) {
+        if describe(store, other).is_ok_and(|k| k.fingerprint == fp) {
+            eprintln!(
+                "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
+                 under two names shares one PIN"
+            );
         }
     }
-    let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
-    // Recovery recipients are checked before the (slow) TPM work.
-    let recovery = keys::read_recipients(&args.recovery)?
+    Ok(crate::ui::exit::OK)
+}
+
+/// `key show NAME`: one field a line.
+fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
+    let info = describe(store, name)?;
+    crate::ui::stdout::line(&format!("name:        {}", info.name))?;
+    crate::ui::stdout::line(&format!("algorithm:   {}", info.alg))?;
+    crate::ui::stdout::line(&format!("fingerprint: {}", info.fingerprint))?;
+    crate::ui::stdout::line(&format!(
+        "pcrs:        {}",
+        info.pcrs.as_deref().unwrap_or("none")
+    ))?;
+    crate::ui::stdout::line(&format!(
+        "pin:         {}",
+        if info.pin { "yes" } else { "no" }
+    ))?;
+    crate::ui::stdout::line(&format!("created:     unix time {}", info.created))?;
+    crate::ui::stdout::line(&format!(
+        "tpm:         {}",
+        info.tpm.as_deref().unwrap_or("unknown")
+    ))?;
+    crate::ui::stdout::line(&format!(
+        "simulator:   {}",
+        if info.simulator {
+            "yes (NOT secure)"
+        } else {
+            "no"
+        }
+    ))?;
+    for r in &info.recovery {
+        crate::ui::stdout::line(&format!("recovery:    {r}"))?;
+    }
+    crate::ui::stdout::line(&format!("key file:    {}", store.key_path(name).display()))?;
+    crate::ui::stdout::line(&format!("public key:  {}", store.pub_path(name).display()))?;
+    Ok(crate::ui::exit::OK)
+}
+
+/// `key delete NAME`: after a confirmation (or `--yes`).
+fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
+    if !store.exists(name) {
+        return Err(usage(format!("no key named {name:?}")));
+    }
+    if !confirm_destroy(
+        &format!(
+            "delete key {name} (files encrypted only to it, not to a recovery \
+             recipient, become unreadable)"
+        ),
+        yes,
+    )? {
+        eprintln!("not deleted");
+        return Ok(crate::ui::exit::OTHER);
+    }
+    store.delete(name)?;
+    crate::ui::stdout::line(&format!("deleted {name}"))?;
+    Ok(crate::ui::exit::OK)
+}
+
+/// `--recovery` values: recovery recipients only.
+fn recovery_recipients(values: &[std::ffi::OsString]) -> anyhow::Result<Vec<String>> {
+    keys::read_recipients(values)?
         .into_iter()
         .map(|given| {
             given.recovery.ok_or_else(|| {
@@ -317,8 +320,12 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
                 ))
             })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let pin = if args.pin {
+        .collect::<anyhow::Result<Vec<_>>>()
+}
+
+/// `--pin`: the new key's PIN, typed twice on a terminal.
+fn new_pin(args: &CreateArgs) -> anyhow::Result<Option<Zeroizing<Vec<u8>>>> {
+    Ok(if args.pin {
         let pin = read_pin(&format!("New PIN for key {}: ", args.name))?;
         if std::env::var_os(crate::tpm::ENV_PIN).is_none() {
             let again = read_pin("Repeat the PIN: ")?;
@@ -332,7 +339,29 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         Some(pin)
     } else {
         None
-    };
+    })
+}
+
+fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
+    tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
+    if store.exists(&args.name) {
+        if !args.force {
+            return Err(exists_already(&args.name));
+        }
+        let what = format!(
+            "destroy the existing key {name} (its private half exists only in this TPM, so \
+             files encrypted only to it, not to a recovery recipient, become unreadable)",
+            name = args.name
+        );
+        if !confirm_destroy(&what, args.yes)? {
+            eprintln!("key {} kept", args.name);
+            return Ok(crate::ui::exit::OTHER);
+        }
+    }
+    let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
+    // Recovery recipients are checked before the (slow) TPM work.
+    let recovery = recovery_recipients(&args.recovery)?;
+    let pin = new_pin(args)?;
     let alg = match args.alg {
         AlgArg::Rsa2048 => KeyAlg::Rsa2048,
         AlgArg::EccP256 => KeyAlg::EccP256,
@@ -356,7 +385,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     meta.recovery = recovery;
     store.save(&args.name, &blob, &meta, args.force)?;
     let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-    crate::stdout::line(&format!(
+    crate::ui::stdout::line(&format!(
         "created key {} ({}) in {:.3} s on {} {}; fingerprint {fp}",
         args.name,
         alg.as_str(),
@@ -368,7 +397,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
             ""
         }
     ))?;
-    crate::stdout::line(&format!(
+    crate::ui::stdout::line(&format!(
         "public key: {}",
         store.pub_path(&args.name).display()
     ))?;
@@ -377,7 +406,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
             "hint: without --recovery, files for this key die with this TPM; see README (Recovery)"
         );
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 #[derive(Serialize)]
@@ -417,21 +446,21 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
             Ok(info) => infos.push(info),
             Err(e) => eprintln!(
                 "warning: key {name} skipped: {}",
-                crate::files::printable(&format!("{e:#}"))
+                crate::ui::printable(&format!("{e:#}"))
             ),
         }
     }
     if json {
-        crate::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
+        crate::ui::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
     } else if infos.is_empty() {
         eprintln!("no keys in {}", store.dir().display());
     } else {
-        crate::stdout::line(&format!(
+        crate::ui::stdout::line(&format!(
             "{:<20} {:<9} {:<32} {:<12} {:<4} RECOVERY",
             "NAME", "ALG", "FINGERPRINT", "PCRS", "PIN"
         ))?;
         for k in infos {
-            crate::stdout::line(&format!(
+            crate::ui::stdout::line(&format!(
                 "{:<20} {:<9} {:<32} {:<12} {:<4} {}",
                 k.name,
                 k.alg,
@@ -442,5 +471,5 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
             ))?;
         }
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }

@@ -3,13 +3,35 @@
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use clap::Subcommand;
 use tpmcrypt_cipher::recovery::RecoveryKey;
 use zeroize::Zeroizing;
 
-use crate::args::RecoveryCommand;
+/// `tpmcrypt recovery …`.
+#[derive(Subcommand, Debug)]
+pub enum RecoveryCommand {
+    /// Create a recovery identity and print its recipient string.
+    Create {
+        /// Where to write the identity (mode 0600). Keep it offline.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Overwrite an existing identity, destroying it (asks first; --yes
+        /// to confirm without a terminal).
+        #[arg(short, long)]
+        force: bool,
+        /// With --force: overwrite without asking.
+        #[arg(long, requires = "force")]
+        yes: bool,
+    },
+    /// Print the recipient string of an existing recovery identity.
+    Recipient {
+        /// The identity file.
+        identity: PathBuf,
+    },
+}
 
 /// Runs a recovery subcommand.
 pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
@@ -20,15 +42,15 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
                 fs::read_to_string(identity).with_context(|| identity.display().to_string())?,
             );
             let key = RecoveryKey::parse(&text).with_context(|| identity.display().to_string())?;
-            crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
-            Ok(crate::exit::OK)
+            crate::ui::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
+            Ok(crate::ui::exit::OK)
         }
     }
 }
 
 fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
     // The recipient is printed: no key is made that nobody would see.
-    crate::stdout::ensure_open()?;
+    crate::ui::stdout::ensure_open()?;
     let exists = fs::symlink_metadata(out).is_ok();
     if exists && !force {
         return Err(anyhow::anyhow!(
@@ -40,11 +62,11 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
         let what = format!(
             "overwrite the recovery identity {} (files encrypted to its recipient can then be \
              recovered only from another copy of it)",
-            crate::files::printable(&out.display().to_string())
+            crate::ui::printable(&out.display().to_string())
         );
         if !crate::commands::key::confirm_destroy(&what, yes)? {
             eprintln!("{} kept", out.display());
-            return Ok(crate::exit::OTHER);
+            return Ok(crate::ui::exit::OTHER);
         }
     }
     let key = RecoveryKey::generate(&mut rand_core::OsRng);
@@ -75,11 +97,12 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
         let _ = fs::remove_file(&target);
         return Err(e).with_context(ctx);
     }
-    if let Err(e) = crate::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes()) {
+    if let Err(e) = crate::ui::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())
+    {
         let _ = fs::remove_file(&target);
         return Err(e.context(format!(
             "the recipient could not be printed, so the identity {} was not kept",
-            crate::files::shown(out)
+            crate::ui::shown(out)
         )));
     }
     let placed = if exists {
@@ -92,7 +115,7 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
         return Err(anyhow::Error::new(e).context("the identity was not kept")).with_context(ctx);
     }
     crate::atomic::sync_dir(crate::atomic::parent_dir(out)).with_context(ctx)?;
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 fn humantime_now() -> String {

@@ -118,27 +118,11 @@ fn chip_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(CHIPS.iter().map(|c| c.name))
 }
 
-/// Parses `16K`, `1M`, `1G`, `16KiB`, `4096`.
+/// Parses `16K`, `1M`, `1G`, `16KiB`, `4096` (the CLI's one size grammar,
+/// [`crate::args::value::size`]), from 1 byte to 4G.
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let upper = t.to_ascii_uppercase();
-    let digits_end = upper
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(upper.len());
-    let (num, unit) = upper.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{t:?}: expected a size like 16K, 1M or 1G"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(format!("{t:?}: unknown unit (use K, M or G)")),
-    };
-    let v = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("{t:?}: too large"))?;
+    let v = crate::args::value::size(s)?;
     if v == 0 || v > 4 << 30 {
         return Err(format!("{t:?}: sizes must be between 1 byte and 4G"));
     }
@@ -198,7 +182,7 @@ impl Drop for TempDir {
 }
 
 /// Runs the benchmark.
-pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     if let Some(BenchCommand::Watch(load)) = &args.command {
         return crate::commands::watch::run_load(load);
     }
@@ -207,7 +191,9 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     }
     if let Some(ms) = args.unbind_ms {
         if !(ms.is_finite() && ms > 0.0) {
-            return Err(crate::exit::usage("--unbind-ms must be a positive number"));
+            return Err(crate::ui::exit::usage(
+                "--unbind-ms must be a positive number",
+            ));
         }
     }
     if let Some(p) = &args.plot {
@@ -216,7 +202,7 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
             .and_then(|e| e.to_str())
             .is_some_and(|e| e.eq_ignore_ascii_case("svg") || e.eq_ignore_ascii_case("png"));
         if !ok {
-            return Err(crate::exit::usage(
+            return Err(crate::ui::exit::usage(
                 "--plot: the file must end in .svg or .png",
             ));
         }
@@ -543,9 +529,9 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     }
     drop(tmp);
     if explicit_tpm && !results.tpm.available {
-        return Ok(crate::exit::TPM);
+        return Ok(crate::ui::exit::TPM);
     }
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 fn default_sizes(quick: bool) -> Vec<u64> {
@@ -788,8 +774,8 @@ fn spawn_child(plan: &ChildPlan, bar: &ProgressBar) -> anyhow::Result<ChildOut> 
 
 /// The child: software series and the software half of the matrix.
 fn run_child(plan_json: &str) -> anyhow::Result<i32> {
-    let p: ChildPlan =
-        serde_json::from_str(plan_json).map_err(|e| crate::exit::usage(format!("--child: {e}")))?;
+    let p: ChildPlan = serde_json::from_str(plan_json)
+        .map_err(|e| crate::ui::exit::usage(format!("--child: {e}")))?;
     let plan = Plan {
         sizes: p.sizes,
         repeat: p.repeat,
@@ -816,7 +802,7 @@ fn run_child(plan_json: &str) -> anyhow::Result<i32> {
         matrix: cells,
     };
     println!("{}", serde_json::to_string(&out)?);
-    Ok(crate::exit::OK)
+    Ok(crate::ui::exit::OK)
 }
 
 #[cfg(test)]

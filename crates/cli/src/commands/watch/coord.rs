@@ -26,9 +26,9 @@ use super::stats::{self, Counters, Stats};
 use super::units::human_duration;
 use super::worker::{self, Ctx, Job, Outcome, Session, Step};
 use super::{commit, log, scan, show, WatchArgs};
-use crate::args::ModeArg;
-use crate::exit::usage;
-use crate::keys;
+use crate::args::value::BitsArg;
+use crate::options;
+use crate::ui::exit::usage;
 
 /// Files tracked at once (waiting, queued or in flight). Beyond this the
 /// coordinator stops reading events (inotify then overflows, which forces a
@@ -79,15 +79,11 @@ struct Plan {
 
 /// Resolves and checks the flags; a usage error (exit 2) when they do not
 /// make sense.
-fn resolve(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<Plan> {
+fn resolve(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<Plan> {
     if args.recipients.is_empty() && args.keys.is_empty() {
         return Err(usage("watch needs --key NAME or --recipient RECIPIENT"));
     }
-    let workers = args.workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let workers = options::workers(args.workers);
     if workers == 0 || workers > 1024 {
         return Err(usage("--workers must be between 1 and 1024"));
     }
@@ -96,26 +92,26 @@ fn resolve(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<Plan> {
         .as_deref()
         .map(stats::metrics_addr)
         .transpose()?;
-    let mut recipients = keys::parse_recipients(&args.recipients)?;
-    for name in &args.keys {
-        recipients.extend(keys::key_recipients(ui, name)?);
-    }
-    let mode = match args.mode {
-        ModeArg::Gcm => Mode::Gcm,
-        ModeArg::Cbc => Mode::Cbc,
-    };
-    let params = Params::new(mode, 256)?;
+    let recipients = options::recipients(
+        ui,
+        &options::RecipientFlags {
+            recipients: &args.recipients,
+            keys: &args.keys,
+            plaintext_from_stdin: false,
+        },
+    )?;
+    let params = options::params(args.mode, BitsArg::B256, None)?;
     Ok(Plan {
         recipients,
         params,
-        mode,
+        mode: params.mode,
         workers,
         metrics,
     })
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
-pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     let plan = resolve(args, ui)?;
     let dirs = setup::prepare(args)?;
     let sink = log::init(args.log.as_deref(), ui.verbose)?;
@@ -190,7 +186,7 @@ pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     info!("stopped: {}", s.line());
     drop(dirs); // the locks go last
     match end {
-        End::Signal => Ok(crate::exit::OK),
+        End::Signal => Ok(crate::ui::exit::OK),
         End::Fatal(msg) => Err(anyhow::anyhow!(msg)),
     }
 }
@@ -970,7 +966,7 @@ impl Coordinator {
                 warn!(
                     "{}: {} (attempt {}; retrying in {})",
                     show(&rel),
-                    crate::files::one_line(&err),
+                    crate::ui::one_line(&err),
                     f.attempt,
                     human_duration(wait)
                 );

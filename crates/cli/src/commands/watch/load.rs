@@ -361,7 +361,7 @@ pub fn erlang_c(c: usize, a: f64) -> f64 {
 /// lost and the daemon stopped cleanly.
 pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
     if args.workers == 0 || args.rate <= 0.0 || args.size == 0 {
-        return Err(crate::exit::usage(
+        return Err(crate::ui::exit::usage(
             "--workers, --rate and --size must be positive",
         ));
     }
@@ -511,9 +511,9 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
         );
     }
     Ok(if p.lost == 0 && p.exit_code == 0 {
-        crate::exit::OK
+        crate::ui::exit::OK
     } else {
-        crate::exit::OTHER
+        crate::ui::exit::OTHER
     })
 }
 

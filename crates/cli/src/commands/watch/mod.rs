@@ -38,7 +38,7 @@ use clap::Args;
 
 pub use load::{run_load, LoadArgs};
 
-use crate::args::ModeArg;
+use crate::args::value::ModeArg;
 
 /// `tpmcrypt watch`.
 #[derive(Args, Debug)]
@@ -109,7 +109,7 @@ pub struct WatchArgs {
 }
 
 /// Runs the daemon (or, hidden, the load generator).
-pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
+pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     coord::run(args, ui)
 }
 
@@ -121,7 +121,7 @@ fn show(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut out = String::new();
     for chunk in path.as_os_str().as_bytes().utf8_chunks() {
-        out.push_str(&crate::files::printable(chunk.valid()));
+        out.push_str(&crate::ui::printable(chunk.valid()));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }

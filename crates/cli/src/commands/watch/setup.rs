@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 use super::{show, WatchArgs};
-use crate::exit::usage;
+use crate::ui::exit::usage;
 
 /// SRC, DEST and the state directory, canonical, checked and locked.
 pub struct Dirs {

@@ -348,12 +348,12 @@ pub fn write_json(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
 /// Parses and checks a `--metrics` address: an IP literal on loopback.
 pub fn metrics_addr(text: &str) -> anyhow::Result<SocketAddr> {
     let addr: SocketAddr = text.parse().map_err(|_| {
-        crate::exit::usage(format!(
+        crate::ui::exit::usage(format!(
             "--metrics {text:?}: expected IP:PORT such as 127.0.0.1:9464"
         ))
     })?;
     if !addr.ip().is_loopback() {
-        return Err(crate::exit::usage(format!(
+        return Err(crate::ui::exit::usage(format!(
             "--metrics {text}: refusing a non-loopback address (metrics are served on 127.0.0.1 or [::1] only)"
         )));
     }

@@ -1,60 +1,23 @@
-//! Parsing durations ("200ms", "1.5s", "10m", "24h", "7d") and byte sizes
-//! ("64KiB", "1M", "4096") for the watch flags.
+//! Durations ("200ms", "1.5s", "10m", "24h", "7d") and byte sizes
+//! ("64KiB", "1M", "4096") for the watch flags, in the CLI's one grammar
+//! (`crate::args::value`), and durations shown to humans.
 
 use std::time::Duration;
 
-/// Parses a duration: a decimal number followed by ms, s, m, h or d
-/// ("0" alone is accepted).
+/// Parses a duration in the CLI's one grammar ([`crate::args::value::duration`]),
+/// at most 10^9 seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{text:?}: missing unit (ms, s, m, h or d)"))?;
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{text:?}: not a number followed by a unit"))?;
-    let scale = match unit.trim() {
-        "ms" => 1e-3,
-        "s" | "sec" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown unit {other:?} (ms, s, m, h or d)"
-            ))
-        }
-    };
-    let secs = value * scale;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+    let d = crate::args::value::duration(text)?;
+    if d.as_secs_f64() > 1e9 {
         return Err(format!("{text:?}: out of range"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
-/// Parses a byte count: a number with an optional K/M/G suffix (powers of
-/// 1024; "KiB", "k", "KB" all mean 1024).
+/// Parses a byte count in the CLI's one grammar
+/// ([`crate::args::value::size`]: powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: u64 = num
-        .parse()
-        .map_err(|_| format!("{text:?}: not a size such as 65536 or 64KiB"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        other => return Err(format!("{text:?}: unknown unit {other:?}")),
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?}: too large"))
+    crate::args::value::size(text)
 }
 
 /// A duration for humans: "850 µs", "12.3 ms", "4.20 s".

@@ -1,0 +1,84 @@
+//! What the user sees: output preferences, one-line error text with
+//! control characters escaped, exit codes ([`exit`]) and standard output
+//! ([`stdout`]). Every module that shows text to a person takes it from
+//! here.
+
+pub mod exit;
+pub mod stdout;
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Output preferences shared by the commands.
+pub struct Ui {
+    /// Print summaries.
+    pub verbose: bool,
+    /// No progress bars.
+    pub quiet: bool,
+    /// `--keystore`, if given.
+    pub keystore: Option<std::path::PathBuf>,
+    /// `--tpm`, if given.
+    pub tpm: Option<String>,
+    /// `--simulator`.
+    pub simulator: bool,
+}
+
+/// A path as it may stand in one line on a terminal: as [`printable`], and
+/// each byte that is not UTF-8 shown as `\xNN` (two names that differ
+/// only there stay two names, where a lossy conversion would show both
+/// with U+FFFD). For display only: the path itself is used as bytes.
+pub fn shown(path: &Path) -> String {
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        out.push_str(&printable(chunk.valid()));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The cause chain on one line, as [`printable`].
+pub fn one_line(err: &anyhow::Error) -> String {
+    let hint = exit::hint(err).unwrap_or("");
+    printable(&format!("{err:#}{hint}"))
+}
+
+/// Text as it may stand in one line on a terminal: control characters (a
+/// newline in a file name, a terminal escape sequence) are shown escaped,
+/// `\n`, `\x1b`, never passed through.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    #[test]
+    fn printable_escapes_control_characters_only() {
+        assert_eq!(printable("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+        assert_eq!(printable("\u{1b}[2J\u{7f}\u{9b}"), "\\x1b[2J\\x7f\\x9b");
+        assert_eq!(printable("été/日本 \\ ok"), "été/日本 \\ ok");
+        let err = anyhow::anyhow!("line one\nline two").context("x\ny");
+        assert_eq!(one_line(&err), "x\\ny: line one\\nline two");
+    }
+
+    #[test]
+    fn shown_escapes_bytes_that_are_not_utf8() {
+        let p = Path::new(OsStr::from_bytes(b"d\n/caf\xe9\xe8 \xc3\xa9"));
+        assert_eq!(shown(p), "d\\n/caf\\xe9\\xe8 é");
+    }
+}
