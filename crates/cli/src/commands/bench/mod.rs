@@ -14,6 +14,7 @@
 //! Described in docs/bench.md; JSON schema in docs/bench.schema.json.
 
 mod bulk;
+mod load;
 mod matrix;
 mod peers;
 mod perfile;
@@ -49,7 +50,7 @@ const RUSTCRYPTO_NOTE: &str = "software AES is measured with OpenSSL only: RustC
 pub enum BenchCommand {
     /// Load-test the watch daemon: Poisson arrivals at --rate, measured
     /// latency and throughput beside the M/M/c queueing model.
-    Watch(crate::commands::watch::LoadArgs),
+    Watch(load::LoadArgs),
 }
 
 /// `tpmcrypt bench`.
@@ -200,7 +201,7 @@ impl Drop for TempDir {
 /// Runs the benchmark.
 pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     if let Some(BenchCommand::Watch(load)) = &args.command {
-        return crate::commands::watch::run_load(load);
+        return load::run_load(load);
     }
     if let Some(plan) = &args.child {
         return run_child(plan);

@@ -12,7 +12,6 @@
 mod coord;
 mod fsio;
 mod journal;
-mod load;
 mod log;
 mod scan;
 mod stats;
@@ -24,7 +23,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-pub use load::{run_load, LoadArgs};
+/// The daemon's duration and size syntax (`--settle 10ms`), for tools that
+/// start the daemon and take the same flags (the bench's load generator).
+pub use units::{parse_duration, parse_size};
 
 use crate::args::ModeArg;
 
@@ -96,7 +97,7 @@ pub struct WatchArgs {
     pub log: Option<PathBuf>,
 }
 
-/// Runs the daemon (or, hidden, the load generator).
+/// Runs the daemon.
 pub fn run(args: &WatchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
     coord::run(args, ui)
 }

@@ -31,7 +31,7 @@ use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use rand_core::{OsRng, RngCore};
 
-use super::units::{parse_duration, parse_size};
+use crate::commands::watch::{parse_duration, parse_size};
 
 /// Load generator settings.
 #[derive(Args, Debug, Clone)]
