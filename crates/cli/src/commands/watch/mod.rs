@@ -25,6 +25,7 @@ use clap::Args;
 
 /// The daemon's duration and size syntax (`--settle 10ms`), for tools that
 /// start the daemon and take the same flags (the bench's load generator).
+#[cfg(feature = "bench")]
 pub use units::{parse_duration, parse_size};
 
 use crate::args::ModeArg;

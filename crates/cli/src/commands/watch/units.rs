@@ -38,6 +38,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Parses a byte count: a number with an optional K/M/G suffix (powers of
 /// 1024; "KiB", "k", "KB" all mean 1024).
+// Used by the bench's load generator only (`bench watch --size`).
+#[cfg_attr(not(feature = "bench"), allow(dead_code))]
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
