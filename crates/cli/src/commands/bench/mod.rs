@@ -540,7 +540,7 @@ pub fn run(args: &BenchArgs, ui: &crate::Ui) -> anyhow::Result<i32> {
         std::fs::write(p, text + "\n").with_context(|| p.display().to_string())?;
     }
     if let Some(p) = &args.csv {
-        std::fs::write(p, results.csv()).with_context(|| p.display().to_string())?;
+        std::fs::write(p, results.csv()?).with_context(|| p.display().to_string())?;
     }
     drop(tmp);
     if explicit_tpm && !results.tpm.available {
