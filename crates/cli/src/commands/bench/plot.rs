@@ -9,7 +9,8 @@ use anyhow::{anyhow, bail};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::report::human_size;
+use super::bulk::{HARDWARE, SOFTWARE};
+use super::report::{human_size, Results, UnbindSource};
 
 /// One bar pair: TPM share of the total with hardware and software AES.
 pub struct Bar {
@@ -332,4 +333,114 @@ fn draw_curves<DB: DrawingBackend>(
         .draw()
         .map_err(pe)?;
     Ok(())
+}
+
+/// The figure's data from a run's results: the TPM share of one file's
+/// decryption (bars) and the bulk bandwidth curves.
+pub fn data(r: &Results) -> PlotData {
+    let src = r.unbind_sources.first();
+    let unbind_label = src
+        .map(|s| {
+            format!(
+                "{}{}: {:.1} ms",
+                if s.projection {
+                    "PROJECTION, "
+                } else {
+                    "measured, "
+                },
+                s.id,
+                s.unbind_ms
+            )
+        })
+        .unwrap_or_else(|| "no unbind".into());
+    PlotData {
+        title: format!(
+            "tpmcrypt bench — {} — tpmcrypt {}",
+            r.system.cpu_model, r.system.tpmcrypt_version
+        ),
+        unbind_label,
+        bars: bars(r, src),
+        curves: curves(r, src),
+    }
+}
+
+/// The TPM share of one file's decryption (cbc-hs512, one file per
+/// session) by size, with and without AES-NI.
+fn bars(r: &Results, src: Option<&UnbindSource>) -> Vec<Bar> {
+    let share = |aes: &str, size: u64| {
+        let s = src?;
+        r.split
+            .iter()
+            .find(|x| {
+                x.unbind_source == s.id
+                    && x.aes == aes
+                    && x.mode == "cbc-hs512"
+                    && x.size == size
+                    && x.files_per_session == 1
+            })
+            .map(|x| x.tpm_share_pct)
+    };
+    r.config
+        .sizes
+        .iter()
+        .filter_map(|&size| {
+            Some(Bar {
+                size,
+                hw_tpm_pct: share(HARDWARE, size)?,
+                sw_tpm_pct: share(SOFTWARE, size),
+            })
+        })
+        .collect()
+}
+
+/// Bulk decryption bandwidth by size, and the same with one unbind added.
+fn curves(r: &Results, src: Option<&UnbindSource>) -> Vec<Curve> {
+    let mut curves = Vec::new();
+    for id in [
+        "hardware/openssl/cbc-raw/decrypt",
+        "hardware/openssl/cbc-hs512/decrypt",
+        "hardware/openssl/gcm/decrypt",
+        "hardware/ring/gcm/decrypt",
+        "software/openssl/cbc-raw/decrypt",
+        "software/openssl/cbc-hs512/decrypt",
+        "software/openssl/gcm/decrypt",
+    ] {
+        if let Some(s) = r.series(id) {
+            curves.push(Curve {
+                label: format!(
+                    "{} {} ({})",
+                    if s.aes == HARDWARE {
+                        "AES-NI"
+                    } else {
+                        "software"
+                    },
+                    s.mode,
+                    s.backend
+                ),
+                points: s
+                    .points
+                    .iter()
+                    .map(|p| (p.size as f64, p.mb_per_s))
+                    .collect(),
+                software: s.aes == SOFTWARE,
+            });
+        }
+    }
+    if let (Some(src), Some(s)) = (src, r.series("hardware/openssl/cbc-hs512/decrypt")) {
+        curves.push(Curve {
+            label: format!("AES-NI cbc-hs512 + one unbind ({:.1} ms)", src.unbind_ms),
+            points: s
+                .points
+                .iter()
+                .map(|p| {
+                    (
+                        p.size as f64,
+                        p.size as f64 / ((p.time.median_ms + src.unbind_ms) / 1e3) / 1e6,
+                    )
+                })
+                .collect(),
+            software: false,
+        });
+    }
+    curves
 }
