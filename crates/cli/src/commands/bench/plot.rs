@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail};
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use super::bulk::{HARDWARE, SOFTWARE};
@@ -178,6 +178,24 @@ fn draw_bars<DB: DrawingBackend>(
         .axis_desc_style((FONT, 17))
         .draw()
         .map_err(pe)?;
+    draw_bar_series(&mut chart, d, n)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, 16))
+        .draw()
+        .map_err(pe)?;
+    Ok(())
+}
+
+/// The bars (TPM share, bulk with and without AES-NI) and the 50 % line.
+fn draw_bar_series<DB: DrawingBackend, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'_, DB, CT>,
+    d: &PlotData,
+    n: usize,
+) -> anyhow::Result<()> {
     let bar = |i: usize, left: bool, lo: f64, hi: f64| {
         let x = i as f64;
         let (x0, x1) = if left {
@@ -225,14 +243,6 @@ fn draw_bars<DB: DrawingBackend>(
             BLACK.stroke_width(1),
         ))
         .map_err(pe)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 16))
-        .draw()
-        .map_err(pe)?;
     Ok(())
 }
 
@@ -244,10 +254,8 @@ fn key_sizes(lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-fn draw_curves<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    d: &PlotData,
-) -> anyhow::Result<()> {
+/// The range of the curves' positive points: (x min, x max, y min, y max).
+fn bounds(d: &PlotData) -> (f64, f64, f64, f64) {
     let all = d.curves.iter().flat_map(|c| c.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in all {
@@ -259,8 +267,16 @@ fn draw_curves<DB: DrawingBackend>(
         }
     }
     if x0 > x1 {
-        (x0, x1, y0, y1) = (1024.0, 1048576.0, 1.0, 1000.0);
+        return (1024.0, 1048576.0, 1.0, 1000.0);
     }
+    (x0, x1, y0, y1)
+}
+
+fn draw_curves<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    d: &PlotData,
+) -> anyhow::Result<()> {
+    let (x0, x1, y0, y1) = bounds(d);
     let mut chart = ChartBuilder::on(area)
         .caption(
             "Throughput by file size, decrypt, in memory, one thread (log-log)",
