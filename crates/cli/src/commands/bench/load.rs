@@ -399,17 +399,14 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
         ));
     }
     let parent = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let base = parent.join(format!(
-        "tpmcrypt-watch-load.{}.{:08x}",
-        std::process::id(),
-        OsRng.next_u32()
-    ));
-    fs::create_dir_all(&base).with_context(|| base.display().to_string())?;
-    let result = run_in(args, &base);
+    fs::create_dir_all(&parent).with_context(|| parent.display().to_string())?;
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("tpmcrypt-watch-load.{}.", std::process::id()))
+        .tempdir_in(&parent)
+        .with_context(|| parent.display().to_string())?;
+    let result = run_in(args, scratch.path());
     if args.keep {
-        eprintln!("scratch directory kept: {}", base.display());
-    } else {
-        let _ = fs::remove_dir_all(&base);
+        eprintln!("scratch directory kept: {}", scratch.keep().display());
     }
     result
 }

@@ -118,6 +118,10 @@ fn chip_names() -> clap::builder::PossibleValuesParser {
 }
 
 /// Parses `16K`, `1M`, `1G`, `16KiB`, `4096`.
+///
+/// By hand rather than `bytesize`: here K, M and G are powers of 1024, as
+/// in the study the bench follows, where `bytesize` reads `16K` as 16 000;
+/// and sizes are bounded (1 byte … 4 GiB).
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let upper = t.to_ascii_uppercase();
