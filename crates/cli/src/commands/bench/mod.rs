@@ -12,6 +12,13 @@
 //!    trees of small files, split into unwrap, AES, I/O and durability.
 //!
 //! Described in docs/bench.md; JSON schema in docs/bench.schema.json.
+//!
+//! Layout: `engine.rs` measures (each part in its own module: `tpm`,
+//! `bulk`, `child` for software AES, `matrix`, `peers`, `perfile`) and
+//! returns `report::Results`; `report/` derives the split and prints or
+//! writes it (`text.rs`, `csv.rs`; JSON through serde); `plot.rs` draws the
+//! figure. `load.rs` is `bench watch`, which runs the watch daemon as a
+//! child process. All of it is behind the `bench` cargo feature.
 
 mod bulk;
 mod child;
