@@ -68,6 +68,7 @@ fn main() {
         Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Watch(a) => commands::watch::run(a, &ui),
+        #[cfg(feature = "bench")]
         Command::Bench(a) => commands::bench::run(a, &ui),
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Key(c) => commands::key::run(c, &ui),

@@ -57,6 +57,7 @@ pub enum Command {
     /// Keep a directory encrypted: encrypt every file that lands in it.
     Watch(crate::commands::watch::WatchArgs),
     /// Measure where the time goes: TPM unbind vs bulk AES, by file size.
+    #[cfg(feature = "bench")]
     Bench(crate::commands::bench::BenchArgs),
     /// Manage TPM keys.
     #[command(subcommand)]

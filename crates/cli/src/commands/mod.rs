@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod agent;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod crypt;
 pub mod inspect;

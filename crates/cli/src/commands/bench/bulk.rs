@@ -261,88 +261,111 @@ pub fn run_pair(
     let mut dec_s = new_series(b.as_ref(), mode, aes, "decrypt");
     match mode {
         BulkMode::Gcm | BulkMode::CbcHmac => {
-            let recovery = RecoveryKey::generate(&mut rand_core::OsRng);
-            let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(recovery.recipient()?)];
-            let m = if mode == BulkMode::Gcm {
-                Mode::Gcm
-            } else {
-                Mode::Cbc
-            };
-            let enc = Encryptor::new(&recipients, Params::new(m, 256)?)?.with_backend(b.clone());
-            let dec = enc.verifier()?;
-            let opts = StreamOptions::sequential();
-            let mut ct: Vec<u8> = Vec::new();
-            for &size in &plan.sizes {
-                if ct.capacity() < ct_capacity(size) {
-                    ct = Vec::new(); // free the old buffer first
-                    ct.reserve_exact(ct_capacity(size));
-                }
-                let p = measure(plan, size, || {
-                    let t = Instant::now();
-                    ct.clear();
-                    let reader = CycleReader {
-                        src,
-                        pos: 0,
-                        remaining: size,
-                    };
-                    let n = enc.encrypt(reader, &mut ct, &opts)?;
-                    let el = t.elapsed().as_secs_f64();
-                    if n != size {
-                        bail!("encrypted {n} bytes, expected {size}");
-                    }
-                    Ok(el)
-                })?;
-                enc_s.points.push(p);
-                tick(&enc_s.id);
-                let p = measure(plan, size, || {
-                    let t = Instant::now();
-                    let mut sink = CountingSink(0);
-                    let n = dec.decrypt(&ct[..], &mut sink, &opts)?;
-                    let el = t.elapsed().as_secs_f64();
-                    if n != size || sink.0 != size {
-                        bail!("decrypted {n} bytes, expected {size}");
-                    }
-                    Ok(el)
-                })?;
-                dec_s.points.push(p);
-                tick(&dec_s.id);
-            }
+            stream_pair(plan, src, b, mode, [&mut enc_s, &mut dec_s], tick)?
         }
-        BulkMode::CbcRaw => {
-            let mut key = [0u8; 32];
-            openssl::rand::rand_bytes(&mut key)?;
-            let mut k = b.cbc(&key)?;
-            let iv = [0x42u8; 16];
-            let mut ct: Vec<u8> = Vec::new();
-            for &size in &plan.sizes {
-                let mut buf: Vec<u8> = Vec::with_capacity(size as usize + 16);
-                let p = measure(plan, size, || {
-                    fill(&mut buf, src, size);
-                    let t = Instant::now();
-                    k.encrypt(&iv, &mut buf, 0)?;
-                    Ok(t.elapsed().as_secs_f64())
-                })?;
-                enc_s.points.push(p);
-                tick(&enc_s.id);
-                ct.clear();
-                ct.extend_from_slice(&buf);
-                let p = measure(plan, size, || {
-                    buf.clear();
-                    buf.extend_from_slice(&ct);
-                    let t = Instant::now();
-                    let n = k
-                        .decrypt(&iv, &mut buf)
-                        .map_err(|_| anyhow!("raw CBC decryption failed"))?;
-                    let el = t.elapsed().as_secs_f64();
-                    if n as u64 != size {
-                        bail!("raw CBC decrypted {n} bytes, expected {size}");
-                    }
-                    Ok(el)
-                })?;
-                dec_s.points.push(p);
-                tick(&dec_s.id);
-            }
-        }
+        BulkMode::CbcRaw => raw_pair(plan, src, b, [&mut enc_s, &mut dec_s], tick)?,
     }
     Ok([enc_s, dec_s])
+}
+
+/// Encrypt and decrypt through the streaming engine (gcm, cbc-hs512).
+fn stream_pair(
+    plan: &Plan,
+    src: &[u8],
+    b: &Arc<dyn Backend>,
+    mode: BulkMode,
+    [enc_s, dec_s]: [&mut Series; 2],
+    tick: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let recovery = RecoveryKey::generate(&mut rand_core::OsRng);
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(recovery.recipient()?)];
+    let m = if mode == BulkMode::Gcm {
+        Mode::Gcm
+    } else {
+        Mode::Cbc
+    };
+    let enc = Encryptor::new(&recipients, Params::new(m, 256)?)?.with_backend(b.clone());
+    let dec = enc.verifier()?;
+    let opts = StreamOptions::sequential();
+    let mut ct: Vec<u8> = Vec::new();
+    for &size in &plan.sizes {
+        if ct.capacity() < ct_capacity(size) {
+            ct = Vec::new(); // free the old buffer first
+            ct.reserve_exact(ct_capacity(size));
+        }
+        let p = measure(plan, size, || {
+            let t = Instant::now();
+            ct.clear();
+            let reader = CycleReader {
+                src,
+                pos: 0,
+                remaining: size,
+            };
+            let n = enc.encrypt(reader, &mut ct, &opts)?;
+            let el = t.elapsed().as_secs_f64();
+            if n != size {
+                bail!("encrypted {n} bytes, expected {size}");
+            }
+            Ok(el)
+        })?;
+        enc_s.points.push(p);
+        tick(&enc_s.id);
+        let p = measure(plan, size, || {
+            let t = Instant::now();
+            let mut sink = CountingSink(0);
+            let n = dec.decrypt(&ct[..], &mut sink, &opts)?;
+            let el = t.elapsed().as_secs_f64();
+            if n != size || sink.0 != size {
+                bail!("decrypted {n} bytes, expected {size}");
+            }
+            Ok(el)
+        })?;
+        dec_s.points.push(p);
+        tick(&dec_s.id);
+    }
+    Ok(())
+}
+
+/// Bare AES-256-CBC, in place, without the format (the study's figure).
+fn raw_pair(
+    plan: &Plan,
+    src: &[u8],
+    b: &Arc<dyn Backend>,
+    [enc_s, dec_s]: [&mut Series; 2],
+    tick: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let mut key = [0u8; 32];
+    openssl::rand::rand_bytes(&mut key)?;
+    let mut k = b.cbc(&key)?;
+    let iv = [0x42u8; 16];
+    let mut ct: Vec<u8> = Vec::new();
+    for &size in &plan.sizes {
+        let mut buf: Vec<u8> = Vec::with_capacity(size as usize + 16);
+        let p = measure(plan, size, || {
+            fill(&mut buf, src, size);
+            let t = Instant::now();
+            k.encrypt(&iv, &mut buf, 0)?;
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        enc_s.points.push(p);
+        tick(&enc_s.id);
+        ct.clear();
+        ct.extend_from_slice(&buf);
+        let p = measure(plan, size, || {
+            buf.clear();
+            buf.extend_from_slice(&ct);
+            let t = Instant::now();
+            let n = k
+                .decrypt(&iv, &mut buf)
+                .map_err(|_| anyhow!("raw CBC decryption failed"))?;
+            let el = t.elapsed().as_secs_f64();
+            if n as u64 != size {
+                bail!("raw CBC decrypted {n} bytes, expected {size}");
+            }
+            Ok(el)
+        })?;
+        dec_s.points.push(p);
+        tick(&dec_s.id);
+    }
+    Ok(())
 }

@@ -92,112 +92,130 @@ struct Tool {
 }
 
 fn setup(name: &'static str, dir: &Path) -> Result<Tool, String> {
-    let exe = |n: &str| which(n).ok_or_else(|| format!("{n} not found in PATH"));
     match name {
-        "tpmcrypt" => {
-            let bin = std::env::current_exe().map_err(|e| e.to_string())?;
-            let key = dir.join("recovery.key");
-            let out = run_ok(
-                Command::new(&bin)
-                    .args(["recovery", "create", "--force", "--out"])
-                    .arg(&key),
-            )
-            .map_err(|e| format!("{e:#}"))?;
-            let recipient = out
-                .split_whitespace()
-                .find(|w| w.starts_with("tpmcrypt-recovery:"))
-                .ok_or("no recipient printed by `tpmcrypt recovery create`")?
-                .to_string();
-            let b = bin.clone();
-            Ok(Tool {
-                name,
-                version: Some(format!("tpmcrypt {}", env!("CARGO_PKG_VERSION"))),
-                shown: "tpmcrypt encrypt -q -f -R tpmcrypt-recovery:… -o OUT IN".into(),
-                build: Box::new(move |i, o| {
-                    let mut c = Command::new(&b);
-                    c.args(["encrypt", "-q", "-f", "-R", &recipient, "-o"])
-                        .arg(o)
-                        .arg(i);
-                    c
-                }),
-            })
-        }
-        "openssl" => {
-            let bin = exe("openssl")?;
-            Ok(Tool {
-                name,
-                version: version_of(&bin, "version"),
-                shown: "openssl enc -aes-256-cbc -pbkdf2 -pass pass:x -in IN -out OUT".into(),
-                build: Box::new(move |i, o| {
-                    let mut c = Command::new(&bin);
-                    c.args(["enc", "-aes-256-cbc", "-pbkdf2", "-pass", "pass:x", "-in"])
-                        .arg(i)
-                        .arg("-out")
-                        .arg(o);
-                    c
-                }),
-            })
-        }
-        "gpg" => {
-            let bin = exe("gpg")?;
-            let home = dir.join("gnupg");
-            {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(&home)
-                    .map_err(|e| format!("{}: {e}", home.display()))?;
-            }
-            Ok(Tool {
-                name,
-                version: version_of(&bin, "--version"),
-                shown: "gpg --batch --yes --pinentry-mode loopback --symmetric --passphrase x \
-                        -o OUT IN (GNUPGHOME=temp)"
-                    .into(),
-                build: Box::new(move |i, o| {
-                    let mut c = Command::new(&bin);
-                    c.env("GNUPGHOME", &home)
-                        .args([
-                            "--batch",
-                            "--yes",
-                            "--quiet",
-                            "--pinentry-mode",
-                            "loopback",
-                            "--symmetric",
-                            "--passphrase",
-                            "x",
-                            "-o",
-                        ])
-                        .arg(o)
-                        .arg(i);
-                    c
-                }),
-            })
-        }
-        "age" | "rage" => {
-            let bin = exe(name)?;
-            let keygen = exe(&format!("{name}-keygen"))?;
-            let key = dir.join(format!("{name}.key"));
-            run_ok(Command::new(&keygen).arg("-o").arg(&key)).map_err(|e| format!("{e:#}"))?;
-            let text = std::fs::read_to_string(&key).map_err(|e| e.to_string())?;
-            let recipient = text
-                .split_whitespace()
-                .find(|w| w.starts_with("age1"))
-                .ok_or("no public key in the generated age key file")?
-                .to_string();
-            Ok(Tool {
-                name,
-                version: version_of(&bin, "--version"),
-                shown: format!("{name} -r age1… -o OUT IN"),
-                build: Box::new(move |i, o| {
-                    let mut c = Command::new(&bin);
-                    c.args(["-r", &recipient, "-o"]).arg(o).arg(i);
-                    c
-                }),
-            })
-        }
+        "tpmcrypt" => setup_tpmcrypt(dir),
+        "openssl" => setup_openssl(),
+        "gpg" => setup_gpg(dir),
+        "age" | "rage" => setup_age(name, dir),
         other => Err(format!("unknown tool {other}")),
     }
+}
+
+fn exe(n: &str) -> Result<PathBuf, String> {
+    which(n).ok_or_else(|| format!("{n} not found in PATH"))
+}
+
+/// This binary, to a fresh recovery recipient.
+fn setup_tpmcrypt(dir: &Path) -> Result<Tool, String> {
+    let name = "tpmcrypt";
+    let bin = std::env::current_exe().map_err(|e| e.to_string())?;
+    let key = dir.join("recovery.key");
+    let out = run_ok(
+        Command::new(&bin)
+            .args(["recovery", "create", "--force", "--out"])
+            .arg(&key),
+    )
+    .map_err(|e| format!("{e:#}"))?;
+    let recipient = out
+        .split_whitespace()
+        .find(|w| w.starts_with("tpmcrypt-recovery:"))
+        .ok_or("no recipient printed by `tpmcrypt recovery create`")?
+        .to_string();
+    let b = bin.clone();
+    Ok(Tool {
+        name,
+        version: Some(format!("tpmcrypt {}", env!("CARGO_PKG_VERSION"))),
+        shown: "tpmcrypt encrypt -q -f -R tpmcrypt-recovery:… -o OUT IN".into(),
+        build: Box::new(move |i, o| {
+            let mut c = Command::new(&b);
+            c.args(["encrypt", "-q", "-f", "-R", &recipient, "-o"])
+                .arg(o)
+                .arg(i);
+            c
+        }),
+    })
+}
+
+/// `openssl enc`, password-based.
+fn setup_openssl() -> Result<Tool, String> {
+    let name = "openssl";
+    let bin = exe("openssl")?;
+    Ok(Tool {
+        name,
+        version: version_of(&bin, "version"),
+        shown: "openssl enc -aes-256-cbc -pbkdf2 -pass pass:x -in IN -out OUT".into(),
+        build: Box::new(move |i, o| {
+            let mut c = Command::new(&bin);
+            c.args(["enc", "-aes-256-cbc", "-pbkdf2", "-pass", "pass:x", "-in"])
+                .arg(i)
+                .arg("-out")
+                .arg(o);
+            c
+        }),
+    })
+}
+
+/// `gpg --symmetric` in a private GNUPGHOME.
+fn setup_gpg(dir: &Path) -> Result<Tool, String> {
+    let name = "gpg";
+    let bin = exe("gpg")?;
+    let home = dir.join("gnupg");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&home)
+            .map_err(|e| format!("{}: {e}", home.display()))?;
+    }
+    Ok(Tool {
+        name,
+        version: version_of(&bin, "--version"),
+        shown: "gpg --batch --yes --pinentry-mode loopback --symmetric --passphrase x \
+                -o OUT IN (GNUPGHOME=temp)"
+            .into(),
+        build: Box::new(move |i, o| {
+            let mut c = Command::new(&bin);
+            c.env("GNUPGHOME", &home)
+                .args([
+                    "--batch",
+                    "--yes",
+                    "--quiet",
+                    "--pinentry-mode",
+                    "loopback",
+                    "--symmetric",
+                    "--passphrase",
+                    "x",
+                    "-o",
+                ])
+                .arg(o)
+                .arg(i);
+            c
+        }),
+    })
+}
+
+/// `age` or `rage`, to a freshly generated key.
+fn setup_age(name: &'static str, dir: &Path) -> Result<Tool, String> {
+    let bin = exe(name)?;
+    let keygen = exe(&format!("{name}-keygen"))?;
+    let key = dir.join(format!("{name}.key"));
+    run_ok(Command::new(&keygen).arg("-o").arg(&key)).map_err(|e| format!("{e:#}"))?;
+    let text = std::fs::read_to_string(&key).map_err(|e| e.to_string())?;
+    let recipient = text
+        .split_whitespace()
+        .find(|w| w.starts_with("age1"))
+        .ok_or("no public key in the generated age key file")?
+        .to_string();
+    Ok(Tool {
+        name,
+        version: version_of(&bin, "--version"),
+        shown: format!("{name} -r age1… -o OUT IN"),
+        build: Box::new(move |i, o| {
+            let mut c = Command::new(&bin);
+            c.args(["-r", &recipient, "-o"]).arg(o).arg(i);
+            c
+        }),
+    })
 }
 
 /// The tools, in report order.
@@ -216,21 +234,7 @@ pub fn run(
         .copied()
         .filter(|&s| s <= MAX_PEER_SIZE)
         .collect();
-    let mut peers = Vec::new();
-    let mut tools = Vec::new();
-    for name in TOOLS {
-        match setup(name, dir) {
-            Ok(t) => tools.push(t),
-            Err(reason) => peers.push(Peer {
-                tool: name.to_string(),
-                available: false,
-                reason: Some(reason),
-                version: None,
-                command: None,
-                points: Vec::new(),
-            }),
-        }
-    }
+    let (tools, peers) = setup_all(dir);
     let mut results: Vec<Peer> = tools
         .iter()
         .map(|t| Peer {
@@ -260,32 +264,19 @@ pub fn run(
             } else {
                 repeat
             };
-            let mut samples = Vec::new();
-            // One untimed run warms the page cache and the binary.
-            for i in 0..=runs {
-                let _ = std::fs::remove_file(&output);
-                let start = Instant::now();
-                match run_ok(&mut (t.build)(&input, &output)) {
-                    Ok(_) => {
-                        if i > 0 {
-                            samples.push(start.elapsed().as_secs_f64() * 1e3);
-                        }
-                    }
-                    Err(e) => {
-                        r.reason = Some(format!("{e:#}"));
-                        break;
-                    }
+            match time_tool(t, &input, &output, runs) {
+                Ok(samples) => {
+                    let time = Summary::of(samples);
+                    r.points.push(PeerPoint {
+                        size,
+                        mb_per_s: size as f64 / (time.median_ms / 1e3) / 1e6,
+                        time,
+                    });
                 }
-            }
-            if r.reason.is_none() {
-                let time = Summary::of(samples);
-                r.points.push(PeerPoint {
-                    size,
-                    mb_per_s: size as f64 / (time.median_ms / 1e3) / 1e6,
-                    time,
-                });
-            } else {
-                r.available = false;
+                Err(e) => {
+                    r.reason = Some(format!("{e:#}"));
+                    r.available = false;
+                }
             }
             tick(t.name);
         }
@@ -294,6 +285,41 @@ pub fn run(
     let _ = std::fs::remove_file(&output);
     results.extend(peers);
     results
+}
+
+/// Sets every tool up: those ready, and those unavailable (with why).
+fn setup_all(dir: &Path) -> (Vec<Tool>, Vec<Peer>) {
+    let mut peers = Vec::new();
+    let mut tools = Vec::new();
+    for name in TOOLS {
+        match setup(name, dir) {
+            Ok(t) => tools.push(t),
+            Err(reason) => peers.push(Peer {
+                tool: name.to_string(),
+                available: false,
+                reason: Some(reason),
+                version: None,
+                command: None,
+                points: Vec::new(),
+            }),
+        }
+    }
+    (tools, peers)
+}
+
+/// `runs` timed runs of one tool (ms), after one untimed run that warms
+/// the page cache and the binary; the first failure ends it.
+fn time_tool(t: &Tool, input: &Path, output: &Path, runs: u32) -> anyhow::Result<Vec<f64>> {
+    let mut samples = Vec::new();
+    for i in 0..=runs {
+        let _ = std::fs::remove_file(output);
+        let start = Instant::now();
+        run_ok(&mut (t.build)(input, output))?;
+        if i > 0 {
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(samples)
 }
 
 fn write_input(path: &Path, src: &[u8], size: u64) -> anyhow::Result<()> {

@@ -6,10 +6,11 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail};
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
-use super::report::human_size;
+use super::bulk::{HARDWARE, SOFTWARE};
+use super::report::{human_size, Results, UnbindSource};
 
 /// One bar pair: TPM share of the total with hardware and software AES.
 pub struct Bar {
@@ -177,6 +178,24 @@ fn draw_bars<DB: DrawingBackend>(
         .axis_desc_style((FONT, 17))
         .draw()
         .map_err(pe)?;
+    draw_bar_series(&mut chart, d, n)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, 16))
+        .draw()
+        .map_err(pe)?;
+    Ok(())
+}
+
+/// The bars (TPM share, bulk with and without AES-NI) and the 50 % line.
+fn draw_bar_series<DB: DrawingBackend, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'_, DB, CT>,
+    d: &PlotData,
+    n: usize,
+) -> anyhow::Result<()> {
     let bar = |i: usize, left: bool, lo: f64, hi: f64| {
         let x = i as f64;
         let (x0, x1) = if left {
@@ -224,14 +243,6 @@ fn draw_bars<DB: DrawingBackend>(
             BLACK.stroke_width(1),
         ))
         .map_err(pe)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 16))
-        .draw()
-        .map_err(pe)?;
     Ok(())
 }
 
@@ -243,10 +254,8 @@ fn key_sizes(lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-fn draw_curves<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    d: &PlotData,
-) -> anyhow::Result<()> {
+/// The range of the curves' positive points: (x min, x max, y min, y max).
+fn bounds(d: &PlotData) -> (f64, f64, f64, f64) {
     let all = d.curves.iter().flat_map(|c| c.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in all {
@@ -258,8 +267,16 @@ fn draw_curves<DB: DrawingBackend>(
         }
     }
     if x0 > x1 {
-        (x0, x1, y0, y1) = (1024.0, 1048576.0, 1.0, 1000.0);
+        return (1024.0, 1048576.0, 1.0, 1000.0);
     }
+    (x0, x1, y0, y1)
+}
+
+fn draw_curves<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    d: &PlotData,
+) -> anyhow::Result<()> {
+    let (x0, x1, y0, y1) = bounds(d);
     let mut chart = ChartBuilder::on(area)
         .caption(
             "Throughput by file size, decrypt, in memory, one thread (log-log)",
@@ -332,4 +349,114 @@ fn draw_curves<DB: DrawingBackend>(
         .draw()
         .map_err(pe)?;
     Ok(())
+}
+
+/// The figure's data from a run's results: the TPM share of one file's
+/// decryption (bars) and the bulk bandwidth curves.
+pub fn data(r: &Results) -> PlotData {
+    let src = r.unbind_sources.first();
+    let unbind_label = src
+        .map(|s| {
+            format!(
+                "{}{}: {:.1} ms",
+                if s.projection {
+                    "PROJECTION, "
+                } else {
+                    "measured, "
+                },
+                s.id,
+                s.unbind_ms
+            )
+        })
+        .unwrap_or_else(|| "no unbind".into());
+    PlotData {
+        title: format!(
+            "tpmcrypt bench — {} — tpmcrypt {}",
+            r.system.cpu_model, r.system.tpmcrypt_version
+        ),
+        unbind_label,
+        bars: bars(r, src),
+        curves: curves(r, src),
+    }
+}
+
+/// The TPM share of one file's decryption (cbc-hs512, one file per
+/// session) by size, with and without AES-NI.
+fn bars(r: &Results, src: Option<&UnbindSource>) -> Vec<Bar> {
+    let share = |aes: &str, size: u64| {
+        let s = src?;
+        r.split
+            .iter()
+            .find(|x| {
+                x.unbind_source == s.id
+                    && x.aes == aes
+                    && x.mode == "cbc-hs512"
+                    && x.size == size
+                    && x.files_per_session == 1
+            })
+            .map(|x| x.tpm_share_pct)
+    };
+    r.config
+        .sizes
+        .iter()
+        .filter_map(|&size| {
+            Some(Bar {
+                size,
+                hw_tpm_pct: share(HARDWARE, size)?,
+                sw_tpm_pct: share(SOFTWARE, size),
+            })
+        })
+        .collect()
+}
+
+/// Bulk decryption bandwidth by size, and the same with one unbind added.
+fn curves(r: &Results, src: Option<&UnbindSource>) -> Vec<Curve> {
+    let mut curves = Vec::new();
+    for id in [
+        "hardware/openssl/cbc-raw/decrypt",
+        "hardware/openssl/cbc-hs512/decrypt",
+        "hardware/openssl/gcm/decrypt",
+        "hardware/ring/gcm/decrypt",
+        "software/openssl/cbc-raw/decrypt",
+        "software/openssl/cbc-hs512/decrypt",
+        "software/openssl/gcm/decrypt",
+    ] {
+        if let Some(s) = r.series(id) {
+            curves.push(Curve {
+                label: format!(
+                    "{} {} ({})",
+                    if s.aes == HARDWARE {
+                        "AES-NI"
+                    } else {
+                        "software"
+                    },
+                    s.mode,
+                    s.backend
+                ),
+                points: s
+                    .points
+                    .iter()
+                    .map(|p| (p.size as f64, p.mb_per_s))
+                    .collect(),
+                software: s.aes == SOFTWARE,
+            });
+        }
+    }
+    if let (Some(src), Some(s)) = (src, r.series("hardware/openssl/cbc-hs512/decrypt")) {
+        curves.push(Curve {
+            label: format!("AES-NI cbc-hs512 + one unbind ({:.1} ms)", src.unbind_ms),
+            points: s
+                .points
+                .iter()
+                .map(|p| {
+                    (
+                        p.size as f64,
+                        p.size as f64 / ((p.time.median_ms + src.unbind_ms) / 1e3) / 1e6,
+                    )
+                })
+                .collect(),
+            software: false,
+        });
+    }
+    curves
 }

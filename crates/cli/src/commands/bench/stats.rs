@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 pub const NOISY_RATIO: f64 = 1.5;
 
 /// Summary of repeated measurements of one quantity, in milliseconds.
+///
+/// Exact order statistics over every sample, not a histogram: there are
+/// few samples (--repeat, at most 1000), all of them are published in the
+/// JSON, and the median must be the one a reader recomputes from them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
     /// Every sample, in the order measured.

@@ -22,7 +22,6 @@ mod commit;
 mod coord;
 mod fsio;
 mod journal;
-mod load;
 mod log;
 mod scan;
 mod schedule;
@@ -36,7 +35,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-pub use load::{run_load, LoadArgs};
+/// The daemon's duration and size syntax (`--settle 10ms`), for tools that
+/// start the daemon and take the same flags (the bench's load generator).
+#[cfg(feature = "bench")]
+pub use units::{parse_duration, parse_size};
 
 use crate::args::value::ModeArg;
 
@@ -108,7 +110,7 @@ pub struct WatchArgs {
     pub log: Option<PathBuf>,
 }
 
-/// Runs the daemon (or, hidden, the load generator).
+/// Runs the daemon.
 pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     coord::run(args, ui)
 }

@@ -12,16 +12,18 @@ use serde::Serialize;
 
 use crate::atomic::AtomicFile;
 
-/// Relative width of a histogram bucket (1 %).
-const GROWTH: f64 = 1.01;
-/// Buckets cover 1 µs … about 10⁴ s.
-const BUCKETS: usize = 2400;
+/// Latencies are recorded in whole microseconds, 1 µs … 10⁴ s (longer ones
+/// count as 10⁴ s).
+const HIGHEST_US: u64 = 10_000_000_000;
+/// Two significant digits: buckets under 1 % wide.
+const SIGFIG: u8 = 2;
 
 /// A latency histogram with 1 % resolution: constant memory however long
-/// the daemon runs.
+/// the daemon runs. The quantiles come from `hdrhistogram`; the count, sum
+/// and maximum are kept exactly beside it.
 #[derive(Clone)]
 pub struct Histogram {
-    counts: Vec<u64>,
+    hist: hdrhistogram::Histogram<u64>,
     count: u64,
     sum_us: f64,
     max_us: f64,
@@ -30,7 +32,9 @@ pub struct Histogram {
 impl Default for Histogram {
     fn default() -> Self {
         Histogram {
-            counts: vec![0; BUCKETS],
+            // Only fails for bounds out of range, which these constants are not.
+            hist: hdrhistogram::Histogram::new_with_bounds(1, HIGHEST_US, SIGFIG)
+                .expect("valid histogram bounds"),
             count: 0,
             sum_us: 0.0,
             max_us: 0.0,
@@ -42,29 +46,20 @@ impl Histogram {
     /// Adds one observation.
     pub fn record(&mut self, d: Duration) {
         let us = (d.as_secs_f64() * 1e6).max(1.0);
-        let i = ((us.ln() / GROWTH.ln()) as usize).min(BUCKETS - 1);
-        self.counts[i] += 1;
+        self.hist.saturating_record(us as u64);
         self.count += 1;
         self.sum_us += us;
         self.max_us = self.max_us.max(us);
     }
 
-    /// The `q` quantile (0 < q ≤ 1) in milliseconds, 0 when empty.
+    /// The `q` quantile (0 < q ≤ 1) in milliseconds, 0 when empty: the
+    /// middle of its bucket, never above the maximum.
     pub fn quantile_ms(&self, q: f64) -> f64 {
         if self.count == 0 {
             return 0.0;
         }
-        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
-        let mut seen = 0;
-        for (i, &c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                // Geometric middle of the bucket, never above the maximum.
-                let mid = GROWTH.powf(i as f64 + 0.5);
-                return mid.min(self.max_us) / 1e3;
-            }
-        }
-        self.max_us / 1e3
+        let v = self.hist.median_equivalent(self.hist.value_at_quantile(q));
+        (v as f64).min(self.max_us) / 1e3
     }
 
     /// Mean in milliseconds.
@@ -467,6 +462,29 @@ mod tests {
         assert_eq!(lines[52], "tpmcrypt_watch_service_seconds_count 2");
         assert_eq!(lines.len(), 53);
         assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn quantiles_of_a_wide_spread_within_one_percent_of_exact() {
+        // 20 µs … 20 s, geometric, with a heavy tail, out of order.
+        let mut us: Vec<u64> = (0..5000u64)
+            .map(|i| (20.0 * 1.0014f64.powi(((i * 7919) % 5000) as i32)) as u64)
+            .collect();
+        let mut h = Histogram::default();
+        for &u in &us {
+            h.record(Duration::from_micros(u));
+        }
+        us.sort_unstable();
+        for q in [0.01, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
+            let rank = ((q * us.len() as f64).ceil() as usize).clamp(1, us.len());
+            let want = us[rank - 1] as f64 / 1e3;
+            let got = h.quantile_ms(q);
+            assert!((got - want).abs() / want < 0.01, "q{q}: {got} vs {want}");
+            assert!(got <= h.summary().max_ms + 1e-9);
+        }
+        assert_eq!(h.summary().count, 5000);
+        let sum: u64 = us.iter().sum();
+        assert!((h.summary().sum_s - sum as f64 / 1e6).abs() < 1e-6);
     }
 
     #[test]

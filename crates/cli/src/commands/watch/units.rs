@@ -16,6 +16,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Parses a byte count in the CLI's one grammar
 /// ([`crate::args::value::size`]: powers of 1024).
+// Used by the bench's load generator only (`bench watch --size`).
+#[cfg_attr(not(feature = "bench"), allow(dead_code))]
 pub fn parse_size(text: &str) -> Result<u64, String> {
     crate::args::value::size(text)
 }

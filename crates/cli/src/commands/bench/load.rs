@@ -31,7 +31,7 @@ use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use rand_core::{OsRng, RngCore};
 
-use super::units::{parse_duration, parse_size};
+use crate::commands::watch::{parse_duration, parse_size};
 
 /// Load generator settings.
 #[derive(Args, Debug, Clone)]
@@ -117,6 +117,12 @@ fn unif(rng: &mut OsRng) -> f64 {
     ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
+/// Mean, p50, p95 and p99 of the generator's end-to-end latencies, exact
+/// (nearest rank). Kept by hand rather than through a histogram: a run's
+/// samples are all in memory anyway (one per file sent, to pair each close
+/// with its ciphertext), and the figures are compared with the daemon's
+/// own histogram quantiles, so they should carry no bucket error of their
+/// own.
 fn percentiles(mut v: Vec<f64>) -> [f64; 4] {
     if v.is_empty() {
         return [0.0; 4];
@@ -211,82 +217,13 @@ fn run_phase(
     let mut daemon = start_daemon(args, &dir, recipient)?;
 
     // Watch DEST for ciphertexts renamed into place.
-    let (tx, rx) = mpsc::channel::<(u64, Instant)>();
-    let mut watcher = notify::RecommendedWatcher::new(
-        move |res: notify::Result<notify::Event>| {
-            let at = Instant::now();
-            let Ok(ev) = res else { return };
-            if !matches!(ev.kind, EventKind::Modify(ModifyKind::Name(RenameMode::To))) {
-                return;
-            }
-            for p in ev.paths {
-                let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
-                    continue;
-                };
-                if let Some(i) = name
-                    .strip_prefix('f')
-                    .and_then(|n| n.strip_suffix(".tpmc"))
-                    .and_then(|n| n.parse::<u64>().ok())
-                {
-                    let _ = tx.send((i, at));
-                }
-            }
-        },
-        notify::Config::default(),
-    )?;
-    watcher.watch(&dir.join("dest"), RecursiveMode::NonRecursive)?;
+    let (watcher, rx) = watch_dest(&dir.join("dest"))?;
 
-    let mut data = vec![0u8; args.size as usize];
-    OsRng.fill_bytes(&mut data);
-    let mut rng = OsRng;
-    let src = dir.join("src");
-    let mut closed: Vec<Instant> = Vec::new();
-    let t0 = Instant::now();
-    let end = t0 + duration;
-    let mut next = t0;
-    loop {
-        next += Duration::from_secs_f64(-(1.0 - unif(&mut rng)).ln() / rate);
-        if next >= end {
-            break;
-        }
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        }
-        let i = closed.len() as u64;
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(src.join(name_of(i)))?;
-        f.write_all(&data)?;
-        drop(f);
-        closed.push(Instant::now());
-    }
-    let gen_elapsed = t0.elapsed().max(duration);
+    let (closed, t0, gen_elapsed) = generate(args, &dir.join("src"), rate, duration)?;
     let sent = closed.len() as u64;
 
     // Drain: wait for every ciphertext (or give up after 60 s of silence).
-    let mut seen: Vec<Option<Instant>> = vec![None; closed.len()];
-    let mut count = 0u64;
-    let mut last = Instant::now();
-    while count < sent {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok((i, at)) => {
-                if let Some(slot) = seen.get_mut(i as usize) {
-                    if slot.is_none() {
-                        *slot = Some(at);
-                        count += 1;
-                    }
-                }
-                last = Instant::now();
-            }
-            Err(_) => {
-                if last.elapsed() > Duration::from_secs(60) {
-                    break;
-                }
-            }
-        }
-    }
+    let seen = drain(&rx, sent);
     drop(watcher);
     let last_done = seen.iter().flatten().max().copied().unwrap_or(t0);
 
@@ -330,6 +267,102 @@ fn run_phase(
     })
 }
 
+/// Watches DEST; sends (file number, when) for each ciphertext renamed
+/// into place.
+fn watch_dest(
+    dest: &Path,
+) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<(u64, Instant)>)> {
+    let (tx, rx) = mpsc::channel::<(u64, Instant)>();
+    let mut watcher = notify::RecommendedWatcher::new(
+        move |res: notify::Result<notify::Event>| {
+            let at = Instant::now();
+            let Ok(ev) = res else { return };
+            if !matches!(ev.kind, EventKind::Modify(ModifyKind::Name(RenameMode::To))) {
+                return;
+            }
+            for p in ev.paths {
+                let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+                    continue;
+                };
+                if let Some(i) = name
+                    .strip_prefix('f')
+                    .and_then(|n| n.strip_suffix(".tpmc"))
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    let _ = tx.send((i, at));
+                }
+            }
+        },
+        notify::Config::default(),
+    )?;
+    watcher.watch(dest, RecursiveMode::NonRecursive)?;
+    Ok((watcher, rx))
+}
+
+/// Writes files into SRC with Poisson arrivals at `rate` for `duration`.
+/// Returns when each was closed, the start, and the generation time.
+fn generate(
+    args: &LoadArgs,
+    src: &Path,
+    rate: f64,
+    duration: Duration,
+) -> anyhow::Result<(Vec<Instant>, Instant, Duration)> {
+    let mut data = vec![0u8; args.size as usize];
+    OsRng.fill_bytes(&mut data);
+    let mut rng = OsRng;
+    let mut closed: Vec<Instant> = Vec::new();
+    let t0 = Instant::now();
+    let end = t0 + duration;
+    let mut next = t0;
+    loop {
+        next += Duration::from_secs_f64(-(1.0 - unif(&mut rng)).ln() / rate);
+        if next >= end {
+            break;
+        }
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        let i = closed.len() as u64;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(src.join(name_of(i)))?;
+        f.write_all(&data)?;
+        drop(f);
+        closed.push(Instant::now());
+    }
+    let gen_elapsed = t0.elapsed().max(duration);
+    Ok((closed, t0, gen_elapsed))
+}
+
+/// Waits until `sent` ciphertexts were seen, or 60 s without one; when
+/// each file's ciphertext appeared.
+fn drain(rx: &mpsc::Receiver<(u64, Instant)>, sent: u64) -> Vec<Option<Instant>> {
+    let mut seen: Vec<Option<Instant>> = vec![None; sent as usize];
+    let mut count = 0u64;
+    let mut last = Instant::now();
+    while count < sent {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((i, at)) => {
+                if let Some(slot) = seen.get_mut(i as usize) {
+                    if slot.is_none() {
+                        *slot = Some(at);
+                        count += 1;
+                    }
+                }
+                last = Instant::now();
+            }
+            Err(_) => {
+                if last.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+            }
+        }
+    }
+    seen
+}
+
 fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
     let mut v = v;
     for p in path {
@@ -366,17 +399,14 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
         ));
     }
     let parent = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let base = parent.join(format!(
-        "tpmcrypt-watch-load.{}.{:08x}",
-        std::process::id(),
-        OsRng.next_u32()
-    ));
-    fs::create_dir_all(&base).with_context(|| base.display().to_string())?;
-    let result = run_in(args, &base);
+    fs::create_dir_all(&parent).with_context(|| parent.display().to_string())?;
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("tpmcrypt-watch-load.{}.", std::process::id()))
+        .tempdir_in(&parent)
+        .with_context(|| parent.display().to_string())?;
+    let result = run_in(args, scratch.path());
     if args.keep {
-        eprintln!("scratch directory kept: {}", base.display());
-    } else {
-        let _ = fs::remove_dir_all(&base);
+        eprintln!("scratch directory kept: {}", scratch.keep().display());
     }
     result
 }
@@ -395,33 +425,7 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
     fs::write(&recipient, &out.stdout)?;
     let c = args.workers;
 
-    let calib = if args.no_calibrate {
-        None
-    } else {
-        println!(
-            "calibration: {:.0} files/s for {} s ({} B files, {} workers, settle {} ms)",
-            args.calibrate_rate,
-            args.calibrate_duration.as_secs_f64(),
-            args.size,
-            c,
-            args.settle.as_millis()
-        );
-        let p = run_phase(
-            args,
-            base,
-            "calibrate",
-            args.calibrate_rate,
-            args.calibrate_duration,
-            &recipient,
-        )?;
-        let s = num(&p.daemon, &["service", "mean_ms"]);
-        let l = num(&p.daemon, &["latency", "mean_ms"]);
-        println!(
-            "  S (mean service time) = {s:.2} ms; mean latency {l:.2} ms; fixed overhead D = {:.2} ms",
-            l - s
-        );
-        Some((s, l - s, p))
-    };
+    let calib = calibrate(args, base, &recipient)?;
 
     let rate = match (args.utilisation, &calib) {
         (Some(rho), Some((s, _, _))) if *s > 0.0 => rho * c as f64 / (s / 1e3),
@@ -435,6 +439,66 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
         args.settle.as_millis()
     );
     let p = run_phase(args, base, "run", rate, args.duration, &recipient)?;
+    print_phase(args, &p);
+    let model = match &calib {
+        Some((s_ms, d_ms, _)) => model(c, *s_ms, *d_ms, &p),
+        None => serde_json::Value::Null,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "run": p,
+                "calibration": calib.as_ref().map(|c| &c.2),
+                "model": model,
+            }))?
+        );
+    }
+    Ok(if p.lost == 0 && p.exit_code == 0 {
+        crate::ui::exit::OK
+    } else {
+        crate::ui::exit::OTHER
+    })
+}
+
+/// The low-load calibration run: (S, D, the run) in ms, or None with
+/// --no-calibrate.
+fn calibrate(
+    args: &LoadArgs,
+    base: &Path,
+    recipient: &Path,
+) -> anyhow::Result<Option<(f64, f64, Phase)>> {
+    if args.no_calibrate {
+        return Ok(None);
+    }
+    let c = args.workers;
+    println!(
+        "calibration: {:.0} files/s for {} s ({} B files, {} workers, settle {} ms)",
+        args.calibrate_rate,
+        args.calibrate_duration.as_secs_f64(),
+        args.size,
+        c,
+        args.settle.as_millis()
+    );
+    let p = run_phase(
+        args,
+        base,
+        "calibrate",
+        args.calibrate_rate,
+        args.calibrate_duration,
+        recipient,
+    )?;
+    let s = num(&p.daemon, &["service", "mean_ms"]);
+    let l = num(&p.daemon, &["latency", "mean_ms"]);
+    println!(
+        "  S (mean service time) = {s:.2} ms; mean latency {l:.2} ms; fixed overhead D = {:.2} ms",
+        l - s
+    );
+    Ok(Some((s, l - s, p)))
+}
+
+/// Prints what one run measured.
+fn print_phase(args: &LoadArgs, p: &Phase) {
     let d = &p.daemon;
     println!(
         "  sent {} (arrival rate {:.1}/s), encrypted {}, lost {}, daemon failures {}, daemon exit {}",
@@ -467,54 +531,43 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
         num(d, &["service", "mean_ms"]),
         num(d, &["service", "p99_ms"])
     );
-    let mut model = serde_json::Value::Null;
-    if let Some((s_ms, d_ms, _)) = &calib {
-        let lambda = p.arrival_rate;
-        let s = s_ms / 1e3;
-        let a = lambda * s;
-        let rho = a / c as f64;
-        let measured = num(d, &["latency", "mean_ms"]);
-        if rho >= 1.0 {
-            println!("  model: ρ = λS/c = {rho:.2} ≥ 1: overloaded, no steady state");
-        } else {
-            let cw = erlang_c(c, a);
-            let wq = cw * s / (c as f64 * (1.0 - rho)) * 1e3;
-            let w_mmc = d_ms + s_ms + wq;
-            let w_mm1 = d_ms + (s_ms / c as f64) / (1.0 - rho);
-            let err = (measured - w_mmc) / w_mmc * 100.0;
-            println!(
-                "  model M/M/{c}: λ = {lambda:.1}/s, S = {s_ms:.2} ms, ρ = λS/c = {rho:.2}, P(wait) = {cw:.3}, Wq = {wq:.2} ms"
-            );
-            println!(
-                "    predicted mean latency D + S + Wq = {w_mmc:.2} ms; measured {measured:.2} ms ({err:+.1} %)"
-            );
-            println!(
-                "    (M/M/1 with one server {c}× as fast: {w_mm1:.2} ms, {:+.1} %)",
-                (measured - w_mm1) / w_mm1 * 100.0
-            );
-            model = serde_json::json!({
-                "c": c, "lambda": lambda, "service_ms": s_ms, "overhead_ms": d_ms,
-                "rho": rho, "erlang_c": cw, "wq_ms": wq, "predicted_mean_ms": w_mmc,
-                "predicted_mm1_mean_ms": w_mm1, "measured_mean_ms": measured,
-                "error_percent": err,
-            });
-        }
-    }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "run": p,
-                "calibration": calib.as_ref().map(|c| &c.2),
-                "model": model,
-            }))?
-        );
-    }
-    Ok(if p.lost == 0 && p.exit_code == 0 {
-        crate::ui::exit::OK
+}
+
+/// The M/M/c model of the run, printed beside the measurement, and as JSON
+/// (null when overloaded).
+fn model(c: usize, s_ms: f64, d_ms: f64, p: &Phase) -> serde_json::Value {
+    let d = &p.daemon;
+    let lambda = p.arrival_rate;
+    let s = s_ms / 1e3;
+    let a = lambda * s;
+    let rho = a / c as f64;
+    let measured = num(d, &["latency", "mean_ms"]);
+    if rho >= 1.0 {
+        println!("  model: ρ = λS/c = {rho:.2} ≥ 1: overloaded, no steady state");
+        serde_json::Value::Null
     } else {
-        crate::ui::exit::OTHER
-    })
+        let cw = erlang_c(c, a);
+        let wq = cw * s / (c as f64 * (1.0 - rho)) * 1e3;
+        let w_mmc = d_ms + s_ms + wq;
+        let w_mm1 = d_ms + (s_ms / c as f64) / (1.0 - rho);
+        let err = (measured - w_mmc) / w_mmc * 100.0;
+        println!(
+            "  model M/M/{c}: λ = {lambda:.1}/s, S = {s_ms:.2} ms, ρ = λS/c = {rho:.2}, P(wait) = {cw:.3}, Wq = {wq:.2} ms"
+        );
+        println!(
+            "    predicted mean latency D + S + Wq = {w_mmc:.2} ms; measured {measured:.2} ms ({err:+.1} %)"
+        );
+        println!(
+            "    (M/M/1 with one server {c}× as fast: {w_mm1:.2} ms, {:+.1} %)",
+            (measured - w_mm1) / w_mm1 * 100.0
+        );
+        serde_json::json!({
+            "c": c, "lambda": lambda, "service_ms": s_ms, "overhead_ms": d_ms,
+            "rho": rho, "erlang_c": cw, "wq_ms": wq, "predicted_mean_ms": w_mmc,
+            "predicted_mm1_mean_ms": w_mm1, "measured_mean_ms": measured,
+            "error_percent": err,
+        })
+    }
 }
 
 #[cfg(test)]
