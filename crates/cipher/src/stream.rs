@@ -527,7 +527,16 @@ fn run_parallel<R: Read, W: Write + Send>(
     // Moved into the reader, so dropped when it returns: workers waiting
     // for a segment then learn that there are no more.
     let read = move |stopped: &dyn Fn() -> bool| {
-        while let Ok(buf) = pool_rx.recv() {
+        loop {
+            // A run that stopped (a failed segment) may hold every pooled
+            // buffer in segments left for a turn that never comes: wait
+            // for a buffer a little at a time, and leave once stopped, so
+            // that the workers waiting for a segment learn there are none.
+            let buf = match pool_rx.recv_timeout(std::time::Duration::from_millis(5)) {
+                Ok(buf) => buf,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) if !stopped() => continue,
+                Err(_) => break,
+            };
             if stopped() {
                 break;
             }

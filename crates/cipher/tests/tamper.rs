@@ -626,3 +626,48 @@ fn late_failure_in_a_long_file() {
         }
     }
 }
+
+/// A failed segment in a parallel stream ends the run, however the workers
+/// and the reader stand at that moment: one run in a few hundred used to
+/// hang forever (every pooled buffer held by segments left for a turn that
+/// never came, the reader waiting for a buffer, a worker for a segment).
+/// Each run has 10 s; hundreds of runs give the race its chances.
+#[test]
+fn a_failed_segment_never_hangs_a_parallel_stream() {
+    for (mode, bits) in [(Mode::Gcm, 256), (Mode::Cbc, 128)] {
+        let params = Params::new(mode, bits)
+            .unwrap()
+            .with_segment_size(64)
+            .unwrap();
+        let recipients: Vec<Box<dyn Recipient>> =
+            vec![Box::new(recovery_key(1).recipient().unwrap())];
+        let enc =
+            Encryptor::with_rng(&recipients, params, &mut ChaCha20Rng::seed_from_u64(7)).unwrap();
+        let mut plain = vec![0u8; 40 * 64];
+        ChaCha20Rng::seed_from_u64(8).fill_bytes(&mut plain);
+        let mut file = Vec::new();
+        enc.encrypt(&plain[..], &mut file, &StreamOptions::sequential())
+            .unwrap();
+        let body = enc.header().len() + enc.layout().stream_header_len();
+        let file = std::sync::Arc::new(file);
+        for round in 0..300usize {
+            let workers = 2 + round % 3;
+            let mut bad = (*file).clone();
+            let at = body + (round * 37) % (bad.len() - body);
+            bad[at] ^= 0x01;
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let dec = decryptor(1);
+                let mut out = Vec::new();
+                // A Read that is not a slice: the engine's stream path.
+                let input = std::io::Cursor::new(bad);
+                let r = dec.decrypt(input, &mut out, &StreamOptions::parallel(workers));
+                let _ = tx.send(r.is_err());
+            });
+            let failed = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{mode:?}: round {round} ({workers} workers) hangs"));
+            assert!(failed, "{mode:?}: round {round}: a tampered file decrypted");
+        }
+    }
+}
