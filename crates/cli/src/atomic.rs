@@ -378,26 +378,8 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // getrandom never fails for 8 bytes on Linux ≥ 3.17; fall back to the
-    // clock so a name is still produced.
-    if getrandom(&mut b).is_err() {
-        return std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-    }
-    u64::from_le_bytes(b)
-}
-
-fn getrandom(buf: &mut [u8]) -> io::Result<()> {
-    // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n as usize == buf.len() {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    use rand_core::RngCore as _;
+    rand_core::OsRng.next_u64()
 }
 
 /// Removes the temporaries crashed runs left in `dest`'s directory (of

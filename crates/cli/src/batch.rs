@@ -80,6 +80,12 @@ impl Limits {
     }
 }
 
+/// An `--in-place` original that changed, or was replaced, after it was
+/// read: it is kept beside its new output rather than removed.
+#[derive(Debug, thiserror::Error)]
+#[error("changed or replaced after it was read; kept it (its output is complete)")]
+pub struct OriginalChanged;
+
 /// An original to remove once its output is durable (`--in-place`).
 pub struct Original {
     /// Its path.
@@ -503,7 +509,7 @@ fn remove_original(o: &Original) -> anyhow::Result<()> {
     let unchanged = || o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
     let named = std::fs::symlink_metadata(&o.path).context("removing the original")?;
     if !unchanged() || !same(&named) {
-        return Err(crate::files::OriginalChanged.into());
+        return Err(OriginalChanged.into());
     }
     // A name of its own form, never a temporary's: a crash before the
     // unlink leaves it for the next run to put back, never to delete.
@@ -527,7 +533,7 @@ fn remove_original(o: &Original) -> anyhow::Result<()> {
     }
     // Changed or replaced between the check and the rename: put it back.
     if atomic::rename_noreplace(&aside, &o.path).is_ok() {
-        return Err(crate::files::OriginalChanged.into());
+        return Err(OriginalChanged.into());
     }
     // Its name was taken meanwhile: keep it under a name no clean-up of
     // temporaries touches.

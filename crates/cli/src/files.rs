@@ -603,12 +603,6 @@ pub struct InputChanged {
     outcome: &'static str,
 }
 
-/// An `--in-place` original that changed, or was replaced, after it was
-/// read: it is kept beside its new output rather than removed.
-#[derive(Debug, thiserror::Error)]
-#[error("changed or replaced after it was read; kept it (its output is complete)")]
-pub struct OriginalChanged;
-
 /// `--in-place` on a symlink: the link would be replaced by its target's
 /// output, so it is refused before anything is read.
 #[derive(Debug, thiserror::Error)]

@@ -349,7 +349,13 @@ impl Keystore {
     }
 }
 
-/// Writes `data` to `path` atomically with the given mode.
+/// Writes `data` to `path` atomically with the given mode: a new file
+/// (`create_new`), fsynced, renamed over `path`, its directory fsynced.
+///
+/// Written here rather than shared with the CLI's `AtomicFile`: that one
+/// lives above this crate and carries what a bulk run needs (temporaries
+/// named for crash clean-up, group commit, owner and mode kept); a key file
+/// is small, written rarely, one at a time.
 fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let file_name = path

@@ -422,7 +422,7 @@ fn noisy_warning(all_series: &[Series], warnings: &mut Vec<String>) {
             s.points
                 .iter()
                 .filter(|p| p.time.noisy)
-                .map(move |p| format!("{} @ {}", s.id, report::human_size(p.size)))
+                .map(move |p| format!("{} @ {}", s.id, super::stats::human_size(p.size)))
         })
         .collect();
     if noisy.is_empty() {

@@ -257,7 +257,7 @@ fn run_all(
         for no_sync in [false, true] {
             tick(&format!(
                 "per file: {} × {files}",
-                super::report::human_size(size)
+                super::stats::human_size(size)
             ));
             let (mut enc, mut dec) = (Vec::new(), Vec::new());
             for _ in 0..runs {

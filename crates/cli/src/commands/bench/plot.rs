@@ -10,7 +10,8 @@ use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use super::bulk::{HARDWARE, SOFTWARE};
-use super::report::{human_size, Results, UnbindSource};
+use super::report::{Results, UnbindSource};
+use super::stats::human_size;
 
 /// One bar pair: TPM share of the total with hardware and software AES.
 pub struct Bar {

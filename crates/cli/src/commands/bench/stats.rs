@@ -191,6 +191,22 @@ impl TscClock {
     }
 }
 
+/// `16 KiB`, `1 MiB`, `1 GiB`, `100 B`.
+pub fn human_size(b: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (u, n) in UNITS {
+        if b >= n {
+            let v = b as f64 / n as f64;
+            return if (v - v.round()).abs() < 1e-9 {
+                format!("{} {u}", v.round() as u64)
+            } else {
+                format!("{v:.1} {u}")
+            };
+        }
+    }
+    format!("{b} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -252,22 +252,6 @@ pub fn chip(name: &str) -> Option<&'static Chip> {
     CHIPS.iter().find(|c| c.name == name)
 }
 
-/// `16 KiB`, `1 MiB`, `1 GiB`, `100 B`.
-pub fn human_size(b: u64) -> String {
-    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    for (u, n) in UNITS {
-        if b >= n {
-            let v = b as f64 / n as f64;
-            return if (v - v.round()).abs() < 1e-9 {
-                format!("{} {u}", v.round() as u64)
-            } else {
-                format!("{v:.1} {u}")
-            };
-        }
-    }
-    format!("{b} B")
-}
-
 /// Human size of a float byte count (for crossovers).
 pub fn human_bytes_f(b: f64) -> String {
     if b >= (1u64 << 30) as f64 {

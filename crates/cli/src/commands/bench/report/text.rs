@@ -5,7 +5,8 @@
 use std::fmt::Write as _;
 
 use super::super::bulk::{Series, HARDWARE, SOFTWARE};
-use super::{human_bytes_f, human_size, Crossover, Results, SplitRow, UnbindSource};
+use super::super::stats::human_size;
+use super::{human_bytes_f, Crossover, Results, SplitRow, UnbindSource};
 
 impl Results {
     /// The readable report.
