@@ -59,6 +59,7 @@ pub mod format;
 pub mod io;
 mod io_util;
 pub mod recipient;
+pub mod recipients_file;
 pub mod recovery;
 pub mod secret;
 pub mod segment;

@@ -6,7 +6,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 use anyhow::Context as _;
-use tpmcrypt_cipher::recipient::{self, Identity, Recipient};
+use tpmcrypt_cipher::recipient::{Identity, Recipient};
 use tpmcrypt_cipher::recovery::{self, RecoveryKey};
 use zeroize::Zeroizing;
 
@@ -41,7 +41,7 @@ pub fn parse_recipients(values: &[OsString]) -> anyhow::Result<Vec<Box<dyn Recip
 
 /// Reads every `-R` value: a recovery recipient string, `-` (a recipients
 /// file on standard input, at most once), or a recipients file (see
-/// [`tpmcrypt_cipher::recipient::file`]). A file is taken whole or refused
+/// [`tpmcrypt_cipher::recipients_file`]). A file is taken whole or refused
 /// whole, naming the first line that does not parse; a file without any
 /// recipient is refused too.
 pub fn read_recipients(values: &[OsString]) -> anyhow::Result<Vec<Given>> {
@@ -64,7 +64,7 @@ pub fn read_recipients(values: &[OsString]) -> anyhow::Result<Vec<Given>> {
             continue;
         }
         let (label, data) = read_recipients_file(value)?;
-        let entries = recipient::file::parse(&data).map_err(|e| {
+        let entries = tpmcrypt_cipher::recipients_file::parse(&data).map_err(|e| {
             anyhow::Error::new(e.error).context(format!("{label}: line {}", e.line))
         })?;
         if entries.is_empty() {

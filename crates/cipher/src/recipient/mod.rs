@@ -7,7 +7,6 @@
 //! ([`p256::EcdhP256`], [`rsa::RsaOaepDecrypt`]) so that the TPM crate
 //! supplies only the one operation the TPM performs.
 
-pub mod file;
 pub mod p256;
 pub mod rsa;
 

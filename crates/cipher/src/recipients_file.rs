@@ -14,8 +14,8 @@
 //! recover. Leading and trailing white space (and a CR of CRLF line ends)
 //! is ignored on every line; PEM blocks are decoded strictly (RFC 7468).
 
-use super::{decode_public_key_pem, tpm_recipient_from_spki_der, Recipient};
 use crate::error::Error;
+use crate::recipient::{decode_public_key_pem, tpm_recipient_from_spki_der, Recipient};
 use crate::recovery;
 
 /// The line a PEM block starts with.
