@@ -594,10 +594,8 @@ impl Agent {
                 id.copy_from_slice(&rest[..32]);
                 let mut key = [0u8; 32];
                 key.copy_from_slice(&rest[32..]);
-                self.secrets.insert(
-                    id,
-                    (SessionKey::from_bytes(&key), Instant::now() + self.ttl),
-                );
+                self.secrets
+                    .insert(id, (SessionKey::from_bytes(&key), self.expiry()));
                 key.zeroize();
                 vec![0]
             }
@@ -618,7 +616,7 @@ impl Agent {
                     SharedSession {
                         secret: SessionKey::from_bytes(&key),
                         header,
-                        expires: Instant::now() + self.ttl,
+                        expires: self.expiry(),
                         uses: 1,
                     },
                 );
@@ -666,6 +664,14 @@ fn read_request(stream: &mut UnixStream, head: &mut [u8]) -> io::Result<(usize, 
 }
 
 impl Agent {
+    /// When a secret put now expires: after the TTL, or (a TTL beyond the
+    /// clock's range) as late as the clock allows.
+    fn expiry(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.ttl)
+            .unwrap_or_else(|| now + Duration::from_secs(366 * 24 * 3600))
+    }
+
     /// SESSION_GET: the session of `scope`, counted as one more use; one
     /// used [`MAX_SESSION_USES`] times is dropped so the caller makes anew.
     fn session_get(&mut self, scope: &[u8]) -> Vec<u8> {

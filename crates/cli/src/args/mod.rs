@@ -156,3 +156,48 @@ mod tests {
         assert!(sizes.contains("e.g. 4096, 64KiB, 16K, 1M"), "{sizes}");
     }
 }
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    /// A `--ttl` the agent cannot add to its clock is a usage error, not
+    /// an agent that panics at its first request (a hostile tester's
+    /// `--ttl 18446744073709551615` and `--ttl 213503982334601d`).
+    #[test]
+    fn a_ttl_beyond_any_clock_is_a_usage_error() {
+        for ttl in ["18446744073709551615", "213503982334601d", "40000d"] {
+            let r = Cli::try_parse_from(["tpmcrypt", "agent", "--ttl", ttl]);
+            assert!(r.is_err(), "--ttl {ttl} accepted");
+        }
+        assert!(Cli::try_parse_from(["tpmcrypt", "agent", "--ttl", "30d"]).is_ok());
+    }
+
+    /// The load generator's rates and utilisation are finite and positive:
+    /// NaN, infinity and values that make a zero or endless interval are
+    /// usage errors (they panicked or never ended).
+    #[cfg(feature = "bench")]
+    #[test]
+    fn bench_watch_rates_are_finite_and_positive() {
+        let base = ["tpmcrypt", "bench", "watch"];
+        for (flag, v) in [
+            ("--rate", "nan"),
+            ("--rate", "inf"),
+            ("--rate", "1e-300"),
+            ("--rate", "1e308"),
+            ("--rate", "0"),
+            ("--calibrate-rate", "nan"),
+            ("--calibrate-rate", "0"),
+            ("--calibrate-rate", "inf"),
+            ("--utilisation", "0"),
+            ("--utilisation", "nan"),
+            ("--utilisation", "1e-300"),
+        ] {
+            let args: Vec<&str> = base.iter().copied().chain([flag, v]).collect();
+            let r = Cli::try_parse_from(args);
+            assert!(r.is_err(), "{flag} {v} accepted");
+        }
+        let ok: Vec<&str> = base.iter().copied().chain(["--rate", "2000"]).collect();
+        assert!(Cli::try_parse_from(ok).is_ok());
+    }
+}

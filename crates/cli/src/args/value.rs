@@ -132,7 +132,32 @@ pub fn ttl(s: &str) -> Result<std::time::Duration, String> {
             "{s:?}: must be longer than zero, e.g. 90s, 15m, 2h"
         ));
     }
+    // The agent adds it to its clock: a time no session needs, and one
+    // that cannot overflow an `Instant`.
+    if d > MAX_TTL {
+        return Err(format!(
+            "{s:?}: longer than a year; expected {DURATION_FORMS}"
+        ));
+    }
     Ok(d)
+}
+
+/// The longest `--ttl`: a year.
+pub const MAX_TTL: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
+
+/// A rate or ratio (`bench watch --rate`, `--calibrate-rate`,
+/// `--utilisation`): a finite number within `1e-3..=1e6`, so that the time
+/// between two arrivals is neither endless nor zero.
+#[cfg_attr(not(feature = "bench"), allow(dead_code))]
+pub fn positive_rate(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: not a number"))?;
+    if !(1e-3..=1e6).contains(&v) {
+        return Err(format!("{text:?}: must be between 0.001 and 1000000"));
+    }
+    Ok(v)
 }
 
 /// A size flag (`--sizes`, the load generator's `--size`): a number of

@@ -37,12 +37,12 @@ use crate::commands::watch::{parse_duration, parse_size};
 #[derive(Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Offered load in files per second (Poisson arrivals).
-    #[arg(long, default_value_t = 500.0)]
+    #[arg(long, default_value_t = 500.0, value_parser = crate::args::value::positive_rate)]
     pub rate: f64,
 
     /// Instead of --rate: the target utilisation ρ; the rate is ρ·c/S with
     /// S from the calibration run.
-    #[arg(long, value_name = "RHO")]
+    #[arg(long, value_name = "RHO", value_parser = crate::args::value::positive_rate)]
     pub utilisation: Option<f64>,
 
     /// Size of each file (e.g. 64KiB).
@@ -62,7 +62,7 @@ pub struct LoadArgs {
     pub settle: Duration,
 
     /// Rate of the low-load calibration run that measures S.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::args::value::positive_rate)]
     pub calibrate_rate: f64,
 
     /// Length of the calibration run.
