@@ -366,96 +366,79 @@ fn make_durable<T: Send>(mut pending: Vec<Pending<T>>) -> Synced<T> {
     done.into_iter().map(|(_, p, r)| (p, r)).collect()
 }
 
-/// Makes the entries of `dirs` durable: one directory is fsynced; several
-/// are made durable with one `syncfs` per file system that honours it
-/// (each directory fsync is a journal commit of its own, and a tree of
-/// many directories would pay one per directory and batch); the others
-/// are fsynced one by one. Returns those that failed.
+/// Makes the entries of `dirs` durable (see [`sync_open`]). Returns
+/// those that failed.
 fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
-    if dirs.len() <= 1 {
-        return dirs
-            .iter()
-            .filter_map(|d| atomic::sync_dir(d).err().map(|e| (d.clone(), e)))
-            .collect();
-    }
-    let mut by_device: Vec<(u64, File, Vec<PathBuf>)> = Vec::new();
-    let mut one_by_one = Vec::new();
     let mut failed = Vec::new();
+    let mut open = Vec::with_capacity(dirs.len());
     for d in dirs {
-        match File::open(d).and_then(|f| f.metadata().map(|m| (m.dev(), f))) {
-            Ok((dev, f)) => match by_device.iter_mut().find(|(dv, _, _)| *dv == dev) {
-                Some((_, _, list)) => list.push(d.clone()),
-                None if syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) => {
-                    by_device.push((dev, f, vec![d.clone()]))
-                }
-                None => one_by_one.push((d.clone(), f)),
-            },
+        match File::open(d) {
+            Ok(f) => open.push((d.clone(), f)),
             Err(e) => failed.push((d.clone(), e)),
         }
     }
-    for (_, f, list) in by_device {
-        // SAFETY: syncfs on a valid open descriptor.
-        if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-            let e = io::Error::last_os_error();
-            failed.extend(
-                list.into_iter()
-                    .map(|d| (d, io::Error::new(e.kind(), e.to_string()))),
-            );
-        }
-    }
-    let synced = fsync_each(one_by_one, |(_, f): &mut (PathBuf, File)| f.sync_all());
-    failed.extend(
-        synced
-            .into_iter()
-            .filter_map(|((d, _), r)| r.err().map(|e| (d, e))),
-    );
+    failed.extend(sync_open(open));
     failed
 }
 
-/// Makes the entries of the open directories `dirs` durable with the
-/// policy of [`sync_dirs`]: one directory (or several links to one) is
-/// fsynced; several with one `syncfs` per file system that honours it,
-/// the others one by one. Returns the first error.
-pub fn sync_open_dirs<D: AsRawFd>(dirs: &[D]) -> io::Result<()> {
-    let mut seen: Vec<(u64, u64, &D)> = Vec::new();
-    for d in dirs {
-        // SAFETY: fstat on a valid descriptor into a zeroed struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(d.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let (dev, ino) = (st.st_dev, st.st_ino);
-        if !seen.iter().any(|(dv, i, _)| (*dv, *i) == (dev, ino)) {
-            seen.push((dev, ino, d));
+/// Makes the entries of the open directories `dirs` durable (see
+/// [`sync_open`]). Returns the first error.
+pub fn sync_open_dirs(dirs: Vec<std::os::fd::OwnedFd>) -> io::Result<()> {
+    let open = dirs.into_iter().map(|fd| ((), File::from(fd))).collect();
+    match sync_open(open).into_iter().next() {
+        Some(((), e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The one policy for directories: one directory (or several names of
+/// one) is fsynced; several are made durable with one `syncfs` per file
+/// system that honours it (each directory fsync is a journal commit of its
+/// own, and a tree of many directories would pay one per directory and
+/// batch), the others are fsynced, several at once. Returns the tags of
+/// those that failed.
+fn sync_open<T: Send>(dirs: Vec<(T, File)>) -> Vec<(T, io::Error)> {
+    let copy = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
+    let mut failed = Vec::new();
+    // One entry per directory, with the tags of all its names.
+    let mut each: Vec<((u64, u64), File, Vec<T>)> = Vec::new();
+    for (tag, f) in dirs {
+        match f.metadata() {
+            Ok(m) => match each.iter_mut().find(|(id, _, _)| *id == (m.dev(), m.ino())) {
+                Some((_, _, tags)) => tags.push(tag),
+                None => each.push(((m.dev(), m.ino()), f, vec![tag])),
+            },
+            Err(e) => failed.push((tag, e)),
         }
     }
-    let call = |rc: libc::c_int| {
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+    let mut fail_all = |tags: Vec<T>, e: &io::Error| {
+        failed.extend(tags.into_iter().map(|t| (t, copy(e))));
     };
-    let fsync = |d: &D| {
-        // SAFETY: fsync on a valid descriptor.
-        call(unsafe { libc::fsync(d.as_raw_fd()) })
-    };
-    if seen.len() == 1 {
-        return fsync(seen[0].2);
-    }
-    let mut devices: Vec<u64> = Vec::new();
-    for (dev, _, d) in seen {
-        // SAFETY: the descriptor is valid for the duration of the call.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(d.as_raw_fd()) };
-        if !syncfs_is_durable(fd) {
-            fsync(d)?;
-        } else if !devices.contains(&dev) {
-            devices.push(dev);
-            // SAFETY: syncfs on a valid descriptor.
-            call(unsafe { libc::syncfs(d.as_raw_fd()) })?;
+    let mut by_device: Vec<(u64, File, Vec<T>)> = Vec::new();
+    let mut one_by_one = Vec::new();
+    let single = each.len() == 1;
+    for ((dev, _), f, tags) in each {
+        match by_device.iter_mut().find(|(dv, _, _)| *dv == dev) {
+            Some((_, _, all)) => all.extend(tags),
+            None if !single && syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) => {
+                by_device.push((dev, f, tags))
+            }
+            None => one_by_one.push((tags, f)),
         }
     }
-    Ok(())
+    for (_, f, tags) in by_device {
+        // SAFETY: syncfs on a valid open descriptor.
+        if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+            fail_all(tags, &io::Error::last_os_error());
+        }
+    }
+    let synced = fsync_each(one_by_one, |(_, f): &mut (Vec<T>, File)| f.sync_all());
+    for ((tags, _), r) in synced {
+        if let Err(e) = r {
+            fail_all(tags, &e);
+        }
+    }
+    failed
 }
 
 /// How many outputs a batch may hold open: a quarter of the open-file

@@ -120,17 +120,15 @@ fn commit(ctx: &Ctx, batch: &mut Batch<Item>, done: &Sender<(PathBuf, Outcome)>)
         };
         outcomes.push((rel, outcome));
     }
-    if !removed_from.is_empty() {
+    let removed = removed_from.len();
+    if removed > 0 {
         // A removal that is not durable yet loses nothing: the ciphertext
         // is. A failure is only reported.
-        if let Err(e) = batch::sync_open_dirs(&removed_from) {
+        if let Err(e) = batch::sync_open_dirs(removed_from) {
             warn!("the removal of verified sources may not be durable yet: {e}");
         }
     }
-    debug!(
-        "committed a batch of {files} file(s), {} source(s) removed",
-        removed_from.len()
-    );
+    debug!("committed a batch of {files} file(s), {removed} source(s) removed");
     for o in outcomes {
         if done.send(o).is_err() {
             return;
