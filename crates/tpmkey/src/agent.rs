@@ -708,55 +708,10 @@ impl Drop for Agent {
     }
 }
 
-/// Parses durations like `15m`, `90s`, `2h`, `1h30m`.
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let bad = || Error::InvalidInput(format!("invalid duration {s:?} (e.g. 90s, 15m, 2h)"));
-    let mut total = 0u64;
-    let mut num = String::new();
-    for c in s.trim().chars() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let n: u64 = num.parse().map_err(|_| bad())?;
-        num.clear();
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86400,
-            _ => return Err(bad()),
-        };
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
-    }
-    if !num.is_empty() {
-        total = total
-            .checked_add(num.parse::<u64>().map_err(|_| bad())?)
-            .ok_or_else(bad)?;
-    }
-    if total == 0 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs(total))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
-        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
-        for bad in ["", "0s", "m", "5x", "-1s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn put_get_expire_stop() {
