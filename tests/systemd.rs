@@ -366,6 +366,16 @@ fn a_pin_file_others_could_read_is_refused() {
         "mode 0604",
     );
     assert_eq!(lockout_counter(&sim, d), 0, "nothing was presented");
+    // key create with --pin-file but without --pin would make a key with no
+    // PIN at all: refused, and no key is made.
+    let r = run_env(
+        d,
+        &t,
+        &[],
+        &["--pin-file", "empty", "key", "create", "nopin"],
+    );
+    common::assert_error_line(&r, USAGE, None, &["--pin-file", "--pin"], "no --pin");
+    assert!(!d.join(".tpmcrypt-home/nopin.key.pem").exists());
     // Another user cannot use root's PIN file at all.
     chmod(d, 0o755);
     let r: Run = tpmcrypt(d)

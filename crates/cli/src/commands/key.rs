@@ -326,6 +326,12 @@ fn recovery_recipients(values: &[std::ffi::OsString]) -> anyhow::Result<Vec<Stri
 /// `--pin`: the new key's PIN (see [`crate::pin::new_pin`]).
 fn new_pin(args: &CreateArgs, ui: &Ui) -> anyhow::Result<Option<Zeroizing<Vec<u8>>>> {
     if !args.pin {
+        if ui.pin_file.is_some() {
+            // Without --pin the key would get no PIN at all.
+            return Err(usage(
+                "--pin-file gives a PIN, but the key would be made without one: add --pin",
+            ));
+        }
         return Ok(None);
     }
     crate::pin::new_pin(ui, &args.name).map(Some)
