@@ -199,6 +199,11 @@ fn each_pin_source_opens_a_pin_protected_key() {
         &[],
     );
     assert!(from(&r).starts_with("the systemd credential tpmcrypt-pin.pinned"));
+    // For a service with User=, systemd writes a credential root's, 0400,
+    // with an ACL entry for the user, which stat shows as mode 0440.
+    chmod(&creds.join("tpmcrypt-pin.pinned"), 0o440);
+    let r = decrypt(&[("CREDENTIALS_DIRECTORY", c)], &[]);
+    assert!(from(&r).starts_with("the systemd credential tpmcrypt-pin.pinned"));
     fs::remove_file(creds.join("tpmcrypt-pin.pinned")).unwrap();
     secret_file(&creds.join("tpmcrypt-pin"), &format!("{PIN}\r\n"));
     let r = decrypt(&[("CREDENTIALS_DIRECTORY", c)], &[]);
@@ -360,11 +365,13 @@ fn a_pin_file_others_could_read_is_refused() {
     fs::create_dir(&creds).unwrap();
     secret_file(&creds.join("tpmcrypt-pin.pinned"), PIN);
     chmod(&creds.join("tpmcrypt-pin.pinned"), 0o604);
-    refused(
-        "",
-        &[("CREDENTIALS_DIRECTORY", creds.to_str().unwrap())],
-        "mode 0604",
-    );
+    let c = creds.to_str().unwrap();
+    refused("", &[("CREDENTIALS_DIRECTORY", c)], "mode 0604");
+    chmod(&creds.join("tpmcrypt-pin.pinned"), 0o460);
+    refused("", &[("CREDENTIALS_DIRECTORY", c)], "mode 0460");
+    chmod(&creds.join("tpmcrypt-pin.pinned"), 0o400);
+    std::os::unix::fs::chown(creds.join("tpmcrypt-pin.pinned"), Some(NOBODY), None).unwrap();
+    refused("", &[("CREDENTIALS_DIRECTORY", c)], "owned by uid 65534");
     assert_eq!(lockout_counter(&sim, d), 0, "nothing was presented");
     // key create with --pin-file but without --pin would make a key with no
     // PIN at all: refused, and no key is made.

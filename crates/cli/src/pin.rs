@@ -14,7 +14,8 @@
 //!
 //! Files (1, 2) are read once, at the start of a run, and must be regular
 //! files (not symlinks) owned by the user and neither readable nor
-//! writable by anyone else (mode 0600 or 0400): anything else is a usage
+//! writable by anyone else (mode 0600 or 0400; a credential may also be
+//! root's with an ACL, see [`read_pin_file`]): anything else is a usage
 //! error (exit 2) before anything is done. Their PIN is one line (a final
 //! newline is dropped). A PIN from a file or the environment is presented
 //! at most once per key and run; one typed (terminal, askpass) may be
@@ -42,7 +43,7 @@ pub const ENV_PIN: &str = "TPMCRYPT_PIN";
 pub const ENV_ASKPASS: &str = "TPMCRYPT_ASKPASS";
 /// The name of the systemd credential holding a PIN (`.NAME` for one key).
 pub const CREDENTIAL: &str = "tpmcrypt-pin";
-/// The largest PIN file read (a TPM authValue is at most 64 bytes).
+/// The largest PIN file read (a TPM authValue is at most a digest long).
 const MAX_PIN_FILE: u64 = 4096;
 
 /// A PIN read from a file, and how to name that file.
@@ -65,7 +66,7 @@ impl PinChain {
     pub fn new(ui: &Ui) -> anyhow::Result<PinChain> {
         let file = match &ui.pin_file {
             Some(path) => Some(FilePin {
-                secret: read_pin_file(path, "the --pin-file")?,
+                secret: read_pin_file(path, "the --pin-file", false)?,
                 origin: format!("--pin-file {}", shown(path)),
             }),
             None => None,
@@ -237,7 +238,7 @@ fn read_credentials(dir: &Path) -> anyhow::Result<HashMap<String, FilePin>> {
         };
         if name == CREDENTIAL || name.starts_with(&format!("{CREDENTIAL}.")) {
             let path = entry.path();
-            let secret = read_pin_file(&path, "the credential")?;
+            let secret = read_pin_file(&path, "the credential", true)?;
             let origin = format!("the systemd credential {name} ({})", shown(&path));
             out.insert(name, FilePin { secret, origin });
         }
@@ -247,7 +248,17 @@ fn read_credentials(dir: &Path) -> anyhow::Result<HashMap<String, FilePin>> {
 
 /// Reads a PIN file: a regular file (not followed if a symlink, not a
 /// FIFO), the user's, readable and writable by nobody else, one line.
-pub fn read_pin_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
+///
+/// A systemd `credential` may also be root's and show a group read bit:
+/// for a service with `User=`, systemd writes it root's, mode 0400, with
+/// an ACL entry for the user, whose mask `stat` shows as mode 0440 (where
+/// the file system has no ACLs it makes it the user's instead). Others'
+/// bits and group write stay refused.
+pub fn read_pin_file(
+    path: &Path,
+    what: &str,
+    credential: bool,
+) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let at = shown(path);
     let file = std::fs::OpenOptions::new()
@@ -263,14 +274,15 @@ pub fn read_pin_file(path: &Path, what: &str) -> anyhow::Result<Zeroizing<Vec<u8
         return Err(usage(format!("{at}: {what} is not a regular file")));
     }
     let me = tpmcrypt_tpmkey::trust::euid();
-    if meta.uid() != me {
+    if meta.uid() != me && !(credential && meta.uid() == 0) {
         return Err(usage(format!(
             "{at}: {what} is owned by uid {}, not by you (uid {me})",
             meta.uid()
         )));
     }
     let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
+    let forbidden = if credential { 0o027 } else { 0o077 };
+    if mode & forbidden != 0 {
         return Err(usage(format!(
             "{at}: {what} is open to other users (mode {mode:04o}); make it private with \
              chmod 600"
