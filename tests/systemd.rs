@@ -590,6 +590,37 @@ fn a_socket_activated_agent_refuses_a_socket_it_would_not_bind() {
     let _ = agent.wait();
 }
 
+/// An agent whose stderr reader went away (a journal restarted, a pipe
+/// closed) still stops cleanly and wipes its keys: exit 0, not a panic on
+/// its farewell line.
+#[test]
+fn an_agent_whose_stderr_is_gone_still_stops_cleanly() {
+    let dir = common::scratch("tpmcrypt-sd-");
+    let d = dir.path();
+    let run_dir = d.join("rt");
+    fs::create_dir(&run_dir).unwrap();
+    chmod(&run_dir, 0o700);
+    let sock = run_dir.join("agent.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    chmod(&sock, 0o600);
+    let mut agent = activated_agent(d, &sock, &listener, "$$");
+    let stderr = agent.stderr.take().expect("stderr");
+    let mut line = String::new();
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .expect("first line");
+    assert!(line.contains("(socket from systemd)"), "{line}");
+    // The reader is gone now.
+    let r = common::wrapper(d, common::bin().to_str().unwrap())
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .args(["agent", "--stop"])
+        .output()
+        .expect("agent --stop");
+    assert_eq!(r.status.code(), Some(0), "agent --stop");
+    let status = agent.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the agent's own exit");
+}
+
 // ---------------------------------------------------------------- units
 
 /// The agent's units in dist/systemd verify (`systemd-analyze --user

@@ -47,14 +47,21 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         ),
         None => (Agent::bind(&path, ttl)?, ""),
     };
-    eprintln!(
+    say(&format!(
         "tpmcrypt agent: listening on {}{how} (keys kept {})",
         path.display(),
         args.ttl
-    );
+    ));
     server.serve(&stop)?;
-    eprintln!("tpmcrypt agent: stopped, keys wiped");
+    say("tpmcrypt agent: stopped, keys wiped");
     Ok(crate::ui::exit::OK)
+}
+
+/// A line on stderr that may find no reader (a journal restarted, a pipe
+/// closed): the agent goes on, where `eprintln!` would panic.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The listening socket systemd passed (`LISTEN_FDS`, for this process:
