@@ -166,6 +166,9 @@ pub fn keystore_identities(
     ui: &crate::ui::Ui,
     access: &std::sync::Arc<tpmcrypt_tpmkey::identity::TpmAccess>,
 ) -> anyhow::Result<Vec<Box<dyn Identity>>> {
+    // PIN files are checked first: a bad one is a usage error, whatever
+    // the keystore holds.
+    let pins = crate::pin::pins(ui)?;
     let dir = match &ui.keystore {
         Some(d) => d.clone(),
         None => match tpmcrypt_tpmkey::Keystore::default_dir() {
@@ -183,7 +186,6 @@ pub fn keystore_identities(
         eprintln!("warning: {what}: {}", crate::ui::printable(&e.to_string()));
     };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
-    let pins = crate::tpm::pins();
     match tpmcrypt_tpmkey::identity::keystore_identities(&store, access, &pins) {
         Ok(found) => {
             for (name, e) in &found.skipped {

@@ -9,6 +9,7 @@ mod files;
 mod harden;
 mod keys;
 mod options;
+mod pin;
 mod stamp;
 mod statsfile;
 mod tpm;
@@ -62,6 +63,7 @@ fn main() {
         keystore: cli.keystore.clone(),
         tpm: cli.tpm.clone().filter(|t| !t.trim().is_empty()),
         simulator: cli.simulator,
+        pin_file: cli.pin_file.clone(),
     };
     let result = match &cli.command {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),

@@ -1,18 +1,14 @@
-//! The CLI's side of the TPM: which TPM the global flags name, and PINs
-//! from `TPMCRYPT_PIN` or the terminal. Keys as identities live in
+//! The CLI's side of the TPM: which TPM the global flags name (PINs come
+//! from [`crate::pin`]). Keys as identities live in
 //! [`tpmcrypt_tpmkey::identity`]. Encrypting never comes here: it needs
 //! only public keys.
 
 use std::sync::Arc;
 
-use tpmcrypt_tpmkey::identity::{Pin, PinSource, Pins, Target, TpmAccess, MAX_TYPED_PINS};
+use tpmcrypt_tpmkey::identity::{Target, TpmAccess};
 use tpmcrypt_tpmkey::Tcti;
-use zeroize::Zeroizing;
 
 use crate::ui::Ui;
-
-/// Environment variable holding a key's PIN (instead of a prompt).
-pub const ENV_PIN: &str = "TPMCRYPT_PIN";
 
 /// Which TPM to use, from `--tpm`/`TPMCRYPT_TCTI` and `--simulator`.
 pub fn target(ui: &Ui) -> anyhow::Result<Target> {
@@ -44,44 +40,4 @@ pub fn access(ui: &Ui) -> anyhow::Result<Arc<TpmAccess>> {
             )
         })),
     ))
-}
-
-/// PINs from `TPMCRYPT_PIN` (presented once: it would be wrong again) or
-/// typed on the terminal without echo (asked again after a refusal).
-struct EnvOrTerminal;
-
-impl PinSource for EnvOrTerminal {
-    fn pin(&self, name: &str, refused: u32) -> tpmcrypt_tpmkey::Result<Pin> {
-        let prompt = if refused > 0 {
-            format!(
-                "Wrong PIN. PIN for key {name} (try {} of {MAX_TYPED_PINS}): ",
-                refused + 1
-            )
-        } else {
-            format!("PIN for key {name}: ")
-        };
-        Ok(Pin {
-            may_retry: std::env::var_os(ENV_PIN).is_none(),
-            secret: read_pin(&prompt)?,
-        })
-    }
-}
-
-/// The run's PIN budget over `TPMCRYPT_PIN` and the terminal.
-pub fn pins() -> Arc<Pins> {
-    Arc::new(Pins::new(Box::new(EnvOrTerminal)))
-}
-
-/// Reads a PIN from `TPMCRYPT_PIN` or the terminal (no echo).
-pub fn read_pin(prompt: &str) -> tpmcrypt_tpmkey::Result<Zeroizing<Vec<u8>>> {
-    if let Some(pin) = std::env::var_os(ENV_PIN) {
-        use std::os::unix::ffi::OsStrExt;
-        return Ok(Zeroizing::new(pin.as_bytes().to_vec()));
-    }
-    let pin = rpassword::prompt_password(prompt).map_err(|e| {
-        tpmcrypt_tpmkey::Error::PinUnavailable(format!(
-            "this key needs a PIN: set {ENV_PIN} or run on a terminal ({e})"
-        ))
-    })?;
-    Ok(Zeroizing::new(pin.into_bytes()))
 }

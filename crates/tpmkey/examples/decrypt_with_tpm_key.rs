@@ -28,6 +28,7 @@ impl PinSource for PinFromEnv {
             Ok(pin) => Ok(Pin {
                 secret: Zeroizing::new(pin.into_bytes()),
                 may_retry: false,
+                origin: "KEY_PIN".into(),
             }),
             Err(_) => NoPin.pin(name, refused),
         }

@@ -45,6 +45,7 @@
 //! made; then the next `encrypt` starts a new one. Session keys stay in the
 //! agent's locked memory only, and the same socket rules apply.
 
+pub mod activation;
 pub mod session;
 
 use std::collections::HashMap;
@@ -409,8 +410,9 @@ pub struct Agent {
     secrets: HashMap<SecretId, (SessionKey, Instant)>,
     sessions: HashMap<SecretId, SharedSession>,
     /// (device, inode) of the socket as bound: only that file is removed
-    /// on exit, whatever the path has come to name since.
-    inode: (u64, u64),
+    /// on exit, whatever the path has come to name since. None for a
+    /// socket inherited from systemd, which stays its to remove.
+    inode: Option<(u64, u64)>,
     /// Where each request's fixed part (which may carry a secret) is read:
     /// allocated once, locked in memory where allowed, wiped after use.
     request: Box<[u8]>,
@@ -474,7 +476,7 @@ impl Agent {
             ttl,
             secrets: HashMap::new(),
             sessions: HashMap::new(),
-            inode,
+            inode: Some(inode),
             request: locked_buffer(REQUEST_HEAD),
         })
     }
@@ -701,7 +703,7 @@ impl Drop for Agent {
         self.secrets.clear();
         self.sessions.clear();
         let ours = fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| m.file_type().is_socket() && (m.dev(), m.ino()) == self.inode);
+            .is_ok_and(|m| m.file_type().is_socket() && Some((m.dev(), m.ino())) == self.inode);
         if ours {
             let _ = fs::remove_file(&self.path);
         }

@@ -67,6 +67,17 @@ pub enum Error {
     )]
     WrongPin,
 
+    /// The TPM refused a key's PIN, and no other PIN will be asked for in
+    /// this run; `origin` says where that PIN came from.
+    #[error(
+        "wrong PIN for this key (the PIN from {origin}; TPM authorization failed). Repeated \
+         failures put the TPM into dictionary-attack lockout"
+    )]
+    PinRejected {
+        /// Where the PIN came from (`--pin-file FILE`, `TPMCRYPT_PIN`, …).
+        origin: String,
+    },
+
     /// The TPM is in dictionary-attack lockout.
     #[error(
         "the TPM is in dictionary-attack lockout after too many wrong PINs; wait {} or run \
@@ -194,6 +205,7 @@ impl Error {
             | Error::ConnectionLost { .. }
             | Error::PcrMismatch { .. }
             | Error::WrongPin
+            | Error::PinRejected { .. }
             | Error::Lockout { .. }
             | Error::WrongTpm { .. }
             | Error::WrongParent { .. }

@@ -144,6 +144,9 @@ pub struct Pin {
     /// environment (it would be wrong again, and each try counts towards
     /// the TPM's dictionary-attack lockout).
     pub may_retry: bool,
+    /// Where it came from, for messages (`--pin-file /etc/pin`,
+    /// `TPMCRYPT_PIN`, `the terminal`); never the PIN itself.
+    pub origin: String,
 }
 
 /// Where the PINs of keys come from (as `age`'s `Callbacks` for
@@ -179,19 +182,68 @@ enum PinState {
         pin: Zeroizing<Vec<u8>>,
         may_retry: bool,
         refused: u32,
+        origin: String,
     },
     /// Refused by the TPM, and not to be presented again in this run.
     Refused,
 }
 
+/// The run's record: each key's state, and the PINs the TPM refused for
+/// it (a PIN typed or handed over again is known to fail: it is not
+/// presented, and spends no dictionary-attack try).
+#[derive(Default)]
+struct Book {
+    states: HashMap<String, PinState>,
+    spent: HashMap<String, Vec<Zeroizing<Vec<u8>>>>,
+}
+
+impl Book {
+    /// The PIN of `id` was refused (by the TPM, or as one refused before):
+    /// ask again next time if it was typed and tries are left, else never
+    /// present one again. Returns whether another PIN may be asked for,
+    /// and where the refused one came from.
+    fn refuse(&mut self, id: &str) -> (bool, String) {
+        let (next, origin) = match self.states.remove(id) {
+            Some(PinState::Known {
+                pin,
+                may_retry,
+                refused,
+                origin,
+            }) => {
+                self.spent.entry(id.to_string()).or_default().push(pin);
+                let next = if may_retry && refused + 1 < MAX_TYPED_PINS {
+                    PinState::Unknown {
+                        refused: refused + 1,
+                    }
+                } else {
+                    PinState::Refused
+                };
+                (next, origin)
+            }
+            _ => (PinState::Refused, String::from("an unknown source")),
+        };
+        let again = matches!(next, PinState::Unknown { .. });
+        self.states.insert(id.to_string(), next);
+        (again, origin)
+    }
+
+    fn was_refused(&self, id: &str, pin: &[u8]) -> bool {
+        self.spent
+            .get(id)
+            .is_some_and(|pins| pins.iter().any(|p| p[..] == *pin))
+    }
+}
+
 /// PINs per key, asked for once per run. One the TPM refuses is never
 /// presented again: a run over the files of many sessions costs one
 /// dictionary-attack try for a wrong PIN from a file, and one per PIN
-/// typed (at most [`MAX_TYPED_PINS`]). Keys are told apart by their public
-/// area, so one key kept under two names shares one budget.
+/// typed (at most [`MAX_TYPED_PINS`]); a refused PIN typed again is not
+/// presented (it counts as one of the typed tries, without a TPM try).
+/// An empty PIN is never presented either. Keys are told apart by their
+/// public area, so one key kept under two names shares one budget.
 pub struct Pins {
     source: Box<dyn PinSource>,
-    cache: Mutex<HashMap<String, PinState>>,
+    book: Mutex<Book>,
 }
 
 impl Pins {
@@ -199,62 +251,66 @@ impl Pins {
     pub fn new(source: Box<dyn PinSource>) -> Pins {
         Pins {
             source,
-            cache: Mutex::new(HashMap::new()),
+            book: Mutex::new(Book::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, PinState>> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The PIN of the key `id` (named `name`), asking the source once.
     fn get(&self, id: &str, name: &str) -> Result<Zeroizing<Vec<u8>>> {
-        let mut cache = self.lock();
-        let refused = match cache.get(id) {
-            Some(PinState::Known { pin, .. }) => return Ok(pin.clone()),
-            Some(PinState::Refused) => return Err(Error::PinRefusedBefore(name.to_string())),
-            Some(PinState::Unknown { refused }) => *refused,
-            None => 0,
-        };
-        let Pin { secret, may_retry } = self.source.pin(name, refused)?;
-        cache.insert(
-            id.to_string(),
-            PinState::Known {
-                pin: secret.clone(),
+        let mut book = self.lock();
+        loop {
+            let refused = match book.states.get(id) {
+                Some(PinState::Known { pin, .. }) => return Ok(pin.clone()),
+                Some(PinState::Refused) => return Err(Error::PinRefusedBefore(name.to_string())),
+                Some(PinState::Unknown { refused }) => *refused,
+                None => 0,
+            };
+            let Pin {
+                secret,
                 may_retry,
-                refused,
-            },
-        );
-        Ok(secret)
+                origin,
+            } = self.source.pin(name, refused)?;
+            if secret.is_empty() {
+                return Err(Error::PinUnavailable(format!(
+                    "the PIN for key {name} from {origin} is empty; not presenting it"
+                )));
+            }
+            let spent = book.was_refused(id, &secret);
+            book.states.insert(
+                id.to_string(),
+                PinState::Known {
+                    pin: secret.clone(),
+                    may_retry,
+                    refused,
+                    origin,
+                },
+            );
+            if !spent {
+                return Ok(secret);
+            }
+            // Known to fail: refused without asking the TPM.
+            if !book.refuse(id).0 {
+                return Err(Error::PinRefusedBefore(name.to_string()));
+            }
+        }
     }
 
-    /// The TPM refused the PIN of `id`: ask again next time if it was
-    /// typed and tries are left, else never present one again. Returns
-    /// whether another PIN may be asked for.
-    fn refused(&self, id: &str) -> bool {
-        let mut cache = self.lock();
-        let next = match cache.get(id) {
-            Some(PinState::Known {
-                may_retry: true,
-                refused,
-                ..
-            }) if refused + 1 < MAX_TYPED_PINS => PinState::Unknown {
-                refused: refused + 1,
-            },
-            _ => PinState::Refused,
-        };
-        let again = matches!(next, PinState::Unknown { .. });
-        cache.insert(id.to_string(), next);
-        again
+    /// The TPM refused the PIN of `id` (see [`Book::refuse`]).
+    fn refused(&self, id: &str) -> (bool, String) {
+        self.lock().refuse(id)
     }
 
     /// Marks `id` as not to be tried again in this run.
     fn give_up(&self, id: &str) {
-        self.lock().insert(id.to_string(), PinState::Refused);
+        self.lock().states.insert(id.to_string(), PinState::Refused);
     }
 
     fn is_refused(&self, id: &str) -> bool {
-        matches!(self.lock().get(id), Some(PinState::Refused))
+        matches!(self.lock().states.get(id), Some(PinState::Refused))
     }
 }
 
@@ -296,8 +352,9 @@ impl TpmKey {
             let pin = self.pins.get(&self.pin_id, &self.name)?;
             match self.access.with(|tpm| op(tpm, Some(&pin[..]))) {
                 Err(Error::WrongPin) => {
-                    if !self.pins.refused(&self.pin_id) {
-                        return Err(Error::WrongPin);
+                    let (again, origin) = self.pins.refused(&self.pin_id);
+                    if !again {
+                        return Err(Error::PinRejected { origin });
                     }
                 }
                 other => return other,

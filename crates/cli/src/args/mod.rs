@@ -35,6 +35,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "TPMCRYPT_SIMULATOR", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub simulator: bool,
 
+    /// Read a key's PIN from FILE (decrypt, key create): one line, in a
+    /// file of yours that nobody else may read (chmod 600). See `decrypt
+    /// --help` for every PIN source, in order.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub pin_file: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -46,11 +52,15 @@ pub enum Command {
     Encrypt(crate::commands::crypt::EncryptArgs),
     /// Decrypt files (or stdin) with identities.
     ///
-    /// A key's PIN comes from TPMCRYPT_PIN or a prompt. A PIN the TPM
-    /// refuses is never presented again in the run: a wrong TPMCRYPT_PIN
-    /// costs one dictionary-attack try per key, however many files and
-    /// sessions; on a terminal you are asked again, each PIN typed costing
-    /// one try, at most 3 per key.
+    /// A key's PIN comes from, first that has one: --pin-file FILE; the
+    /// systemd credential tpmcrypt-pin.KEY or tpmcrypt-pin (in
+    /// $CREDENTIALS_DIRECTORY); TPMCRYPT_PIN (the weakest: for tests); the
+    /// terminal; without a terminal, TPMCRYPT_ASKPASS (or SSH_ASKPASS with
+    /// a display). A PIN the TPM refuses is never presented again in the
+    /// run: a wrong PIN from a file or TPMCRYPT_PIN costs one
+    /// dictionary-attack try per key, however many files and sessions; a
+    /// typed one (terminal, askpass) is asked for again, each PIN typed
+    /// costing one try, at most 3 per key.
     Decrypt(crate::commands::crypt::DecryptArgs),
     /// Print a file's header without decrypting it.
     Inspect(crate::commands::inspect::InspectArgs),

@@ -40,15 +40,49 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
     ] {
         signal_hook::flag::register(signal, stop.clone())?;
     }
-    let server = Agent::bind(&path, ttl)?;
-    eprintln!(
-        "tpmcrypt agent: listening on {} (keys kept {})",
+    let (server, how) = match inherited_socket()? {
+        Some(fd) => (
+            Agent::from_inherited(fd, &path, ttl)?,
+            " (socket from systemd)",
+        ),
+        None => (Agent::bind(&path, ttl)?, ""),
+    };
+    say(&format!(
+        "tpmcrypt agent: listening on {}{how} (keys kept {})",
         path.display(),
         args.ttl
-    );
+    ));
     server.serve(&stop)?;
-    eprintln!("tpmcrypt agent: stopped, keys wiped");
+    say("tpmcrypt agent: stopped, keys wiped");
     Ok(crate::ui::exit::OK)
+}
+
+/// A line on stderr that may find no reader (a journal restarted, a pipe
+/// closed): the agent goes on, where `eprintln!` would panic.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The listening socket systemd passed (`LISTEN_FDS`, for this process:
+/// `LISTEN_PID`), if any; the variables are removed so that no child sees
+/// them. More than one socket is an error: the agent listens on one.
+fn inherited_socket() -> anyhow::Result<Option<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    let mut fds = sd_notify::listen_fds()
+        .map_err(|e| anyhow::anyhow!("LISTEN_FDS/LISTEN_PID from systemd: {e}"))?;
+    let Some(fd) = fds.next() else {
+        return Ok(None);
+    };
+    if fds.next().is_some() {
+        anyhow::bail!(
+            "systemd passed more than one socket (LISTEN_FDS); the agent's socket unit has one \
+             ListenStream="
+        );
+    }
+    // SAFETY: sd_notify checked that the fd is open (it set FD_CLOEXEC on
+    // it), and systemd passed it to this process (LISTEN_PID) for it alone.
+    Ok(Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
 }
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {

@@ -11,7 +11,6 @@ use tpmcrypt_cipher::recipient::fingerprint_spki;
 use tpmcrypt_tpmkey::{KeyAlg, KeyMeta, Keystore, PcrSelection};
 
 use crate::keys;
-use crate::tpm::read_pin;
 use crate::ui::exit::usage;
 use crate::ui::Ui;
 use tpmcrypt_tpmkey::identity::Target;
@@ -111,7 +110,8 @@ pub struct CreateArgs {
     /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
     #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::value::pcrs_value)]
     pub pcrs: Option<String>,
-    /// Require a PIN (prompted without echo, or from TPMCRYPT_PIN).
+    /// Require a PIN (from --pin-file, a systemd credential, TPMCRYPT_PIN,
+    /// the terminal or TPMCRYPT_ASKPASS; see `decrypt --help`).
     #[arg(long)]
     pub pin: bool,
     /// Also encrypt every file for this key to recovery recipients
@@ -323,23 +323,18 @@ fn recovery_recipients(values: &[std::ffi::OsString]) -> anyhow::Result<Vec<Stri
         .collect::<anyhow::Result<Vec<_>>>()
 }
 
-/// `--pin`: the new key's PIN, typed twice on a terminal.
-fn new_pin(args: &CreateArgs) -> anyhow::Result<Option<Zeroizing<Vec<u8>>>> {
-    Ok(if args.pin {
-        let pin = read_pin(&format!("New PIN for key {}: ", args.name))?;
-        if std::env::var_os(crate::tpm::ENV_PIN).is_none() {
-            let again = read_pin("Repeat the PIN: ")?;
-            if *again != *pin {
-                return Err(usage("the PINs differ"));
-            }
+/// `--pin`: the new key's PIN (see [`crate::pin::new_pin`]).
+fn new_pin(args: &CreateArgs, ui: &Ui) -> anyhow::Result<Option<Zeroizing<Vec<u8>>>> {
+    if !args.pin {
+        if ui.pin_file.is_some() {
+            // Without --pin the key would get no PIN at all.
+            return Err(usage(
+                "--pin-file gives a PIN, but the key would be made without one: add --pin",
+            ));
         }
-        if pin.is_empty() {
-            return Err(usage("empty PIN"));
-        }
-        Some(pin)
-    } else {
-        None
-    })
+        return Ok(None);
+    }
+    crate::pin::new_pin(ui, &args.name).map(Some)
 }
 
 fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
@@ -361,7 +356,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
     // Recovery recipients are checked before the (slow) TPM work.
     let recovery = recovery_recipients(&args.recovery)?;
-    let pin = new_pin(args)?;
+    let pin = new_pin(args, ui)?;
     let alg = match args.alg {
         AlgArg::Rsa2048 => KeyAlg::Rsa2048,
         AlgArg::EccP256 => KeyAlg::EccP256,

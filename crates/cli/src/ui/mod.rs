@@ -21,6 +21,8 @@ pub struct Ui {
     pub tpm: Option<String>,
     /// `--simulator`.
     pub simulator: bool,
+    /// `--pin-file`, if given.
+    pub pin_file: Option<std::path::PathBuf>,
 }
 
 /// A path as it may stand in one line on a terminal: as [`printable`], and
