@@ -9,6 +9,8 @@ mod files;
 mod harden;
 mod keys;
 mod options;
+mod plainpipe;
+mod replace;
 mod stamp;
 mod statsfile;
 mod tpm;
@@ -67,6 +69,7 @@ fn main() {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
         Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Rekey(a) => commands::rekey::run(a, &ui),
         Command::Watch(a) => commands::watch::run(a, &ui),
         #[cfg(feature = "bench")]
         Command::Bench(a) => commands::bench::run(a, &ui),

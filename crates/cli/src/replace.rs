@@ -1,0 +1,96 @@
+//! Outputs that replace their own input under the same name (`rekey`):
+//! the new file is made durable under a temporary name, then exchanged
+//! with the original in one step (`renameat2(RENAME_EXCHANGE)`), so the
+//! name holds the old complete file or the new one at every moment, and
+//! a crash leaves one of them, never neither. The original must still be
+//! the file that was read, before the exchange and after it (a version
+//! saved under the name in between is put back); it is removed only once
+//! the directory holding the new file is durable.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use crate::atomic::{AtomicFile, Displaced};
+use crate::batch::{CommitError, Original};
+use crate::files::{Sink, Source, Task};
+use crate::stamp::Stamp;
+
+/// The original changed, or another file took its name, after it was
+/// read: it is left as it is, and its new version is not kept.
+#[derive(Debug, thiserror::Error)]
+#[error("changed or replaced after it was read; left as it was (its rekeyed version was not kept)")]
+pub struct ChangedMeanwhile;
+
+/// A file with other hard links: replacing this name would leave the old
+/// version under the others.
+#[derive(Debug, thiserror::Error)]
+#[error("has {0} hard links: replacing this name would leave the old version under the others (remove the other links first)")]
+pub struct SharedInput(u64);
+
+/// An input that is not a regular file (a FIFO, a device): nothing to
+/// replace.
+#[derive(Debug, thiserror::Error)]
+#[error("not a regular file: only regular files are replaced")]
+pub struct NotRegular;
+
+/// Whether `task` writes its output over its own input.
+pub fn replaces_input(task: &Task) -> bool {
+    matches!((&task.source, &task.sink), (Source::File(a), Sink::File(b)) if a == b)
+}
+
+/// What an input that is to be replaced must not be, checked on the open
+/// file before anything is written: not a regular file, or one with other
+/// names.
+pub fn refuse_input(task: &Task, meta: &fs::Metadata) -> Option<anyhow::Error> {
+    if !replaces_input(task) {
+        return None;
+    }
+    if !meta.is_file() {
+        return Some(NotRegular.into());
+    }
+    (meta.nlink() > 1).then(|| SharedInput(meta.nlink()).into())
+}
+
+/// Whether `m` is the original's inode, with the content as read (the
+/// ctime may differ: an exchange changes it).
+fn is_as_read(o: &Original, m: &fs::Metadata) -> bool {
+    let now = Stamp::of(m);
+    (now.dev, now.ino, now.size, now.mtime_ns, now.mode)
+        == (
+            o.stamp.dev,
+            o.stamp.ino,
+            o.stamp.size,
+            o.stamp.mtime_ns,
+            o.stamp.mode,
+        )
+}
+
+/// Puts the durable `out` in the place of its original `o` (see the
+/// module). On success the original is returned, displaced, for removal
+/// once the directory is durable.
+pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError> {
+    let unchanged = o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
+    // Gone (removed meanwhile) counts as changed: it is not brought back.
+    let named = fs::symlink_metadata(&o.path);
+    if !unchanged || !named.is_ok_and(|m| is_as_read(o, &m)) {
+        return Err(CommitError::Original(ChangedMeanwhile.into()));
+    }
+    let displaced = out.exchange().map_err(CommitError::Rename)?;
+    let Some(path) = displaced.path() else {
+        // Replaced (no exchange on this file system): checked just before.
+        return Ok(displaced);
+    };
+    let moved = fs::symlink_metadata(path);
+    let still = o.file.metadata();
+    if matches!((&moved, &still), (Ok(m), Ok(s)) if is_as_read(o, m) && is_as_read(o, s)) {
+        return Ok(displaced);
+    }
+    // Another version took the name between the check and the exchange:
+    // it gets its name back, and the new file is dropped.
+    match displaced.put_back() {
+        Ok(()) => Err(CommitError::Original(ChangedMeanwhile.into())),
+        Err(e) => Err(CommitError::Original(anyhow::anyhow!(
+            "changed while it was being replaced, and could not be put back: {e}"
+        ))),
+    }
+}
