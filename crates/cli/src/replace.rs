@@ -94,3 +94,97 @@ pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError>
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{Batch, Limits, Pending};
+    use std::fs::File;
+    use std::io::Write;
+    use std::path::Path;
+
+    fn pending(dir: &Path, name: &str, old: &[u8], new: &[u8]) -> Pending<&'static str> {
+        let path = dir.join(name);
+        fs::write(&path, old).unwrap();
+        let file = File::open(&path).unwrap();
+        let stamp = Stamp::of(&file.metadata().unwrap());
+        let mut out = AtomicFile::create(&path, 0o600, true).unwrap();
+        out.file().write_all(new).unwrap();
+        Pending {
+            tag: "t",
+            out,
+            bytes: new.len() as u64,
+            original: Some(Original { path, file, stamp }),
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn an_output_takes_its_originals_name_and_nothing_is_left() {
+        let d = tempfile::tempdir().unwrap();
+        let mut batch = Batch::new(Limits::default());
+        batch.push(pending(d.path(), "a", b"old a", b"new a"));
+        batch.push(pending(d.path(), "b", b"old b", b"new b"));
+        for (_, r) in batch.commit() {
+            assert!(r.is_ok(), "{r:?}");
+        }
+        assert_eq!(fs::read(d.path().join("a")).unwrap(), b"new a");
+        assert_eq!(fs::read(d.path().join("b")).unwrap(), b"new b");
+        assert_eq!(names(d.path()), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn an_original_changed_or_replaced_before_the_commit_is_left_as_it_is() {
+        let d = tempfile::tempdir().unwrap();
+        let mut batch = Batch::new(Limits::default());
+        batch.push(pending(d.path(), "appended", b"old", b"new"));
+        batch.push(pending(d.path(), "replaced", b"old", b"new"));
+        batch.push(pending(d.path(), "removed", b"old", b"new"));
+        fs::OpenOptions::new()
+            .append(true)
+            .open(d.path().join("appended"))
+            .unwrap()
+            .write_all(b" and more")
+            .unwrap();
+        // An editor's save: a new file renamed over the name.
+        fs::write(d.path().join("saved"), b"saved").unwrap();
+        fs::rename(d.path().join("saved"), d.path().join("replaced")).unwrap();
+        fs::remove_file(d.path().join("removed")).unwrap();
+        for (_, r) in batch.commit() {
+            let err = r.expect_err("refused").to_string();
+            assert!(
+                err.contains("changed or replaced after it was read"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            fs::read(d.path().join("appended")).unwrap(),
+            b"old and more"
+        );
+        assert_eq!(fs::read(d.path().join("replaced")).unwrap(), b"saved");
+        assert_eq!(names(d.path()), vec!["appended", "replaced"]);
+    }
+
+    #[test]
+    fn an_exchange_can_be_put_back() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("f");
+        fs::write(&dest, b"theirs").unwrap();
+        let mut out = AtomicFile::create(&dest, 0o600, true).unwrap();
+        out.file().write_all(b"ours").unwrap();
+        let displaced = out.exchange().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"ours");
+        assert_eq!(fs::read(displaced.path().unwrap()).unwrap(), b"theirs");
+        displaced.put_back().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"theirs");
+        assert_eq!(names(d.path()), vec!["f"]);
+    }
+}
