@@ -21,11 +21,15 @@ enum Msg {
 /// The writing end.
 pub struct PipeWriter {
     tx: Option<Sender<Msg>>,
+    /// Buffers the reader is done with, to be filled again (a fresh
+    /// buffer per write would cost a page fault per page of plaintext).
+    free: Receiver<Zeroizing<Vec<u8>>>,
 }
 
 /// The reading end.
 pub struct PipeReader {
     rx: Receiver<Msg>,
+    free: Sender<Zeroizing<Vec<u8>>>,
     current: Zeroizing<Vec<u8>>,
     at: usize,
     ended: bool,
@@ -34,10 +38,16 @@ pub struct PipeReader {
 /// A pipe holding at most `depth` writes in flight.
 pub fn pipe(depth: usize) -> (PipeWriter, PipeReader) {
     let (tx, rx) = bounded(depth.max(1));
+    // Every buffer is in the pipe, being read, or free: at most depth + 2.
+    let (free_tx, free_rx) = bounded(depth.max(1) + 2);
     (
-        PipeWriter { tx: Some(tx) },
+        PipeWriter {
+            tx: Some(tx),
+            free: free_rx,
+        },
         PipeReader {
             rx,
+            free: free_tx,
             current: Zeroizing::new(Vec::new()),
             at: 0,
             ended: false,
@@ -65,8 +75,13 @@ impl Write for PipeWriter {
             return Ok(0);
         }
         let tx = self.tx.as_ref().ok_or_else(reader_gone)?;
-        tx.send(Msg::Data(Zeroizing::new(buf.to_vec())))
-            .map_err(|_| reader_gone())?;
+        let mut data = self
+            .free
+            .try_recv()
+            .unwrap_or_else(|_| Zeroizing::new(Vec::new()));
+        data.clear();
+        data.extend_from_slice(buf);
+        tx.send(Msg::Data(data)).map_err(|_| reader_gone())?;
         Ok(buf.len())
     }
 
@@ -83,7 +98,9 @@ impl Read for PipeReader {
             }
             match self.rx.recv() {
                 Ok(Msg::Data(d)) => {
-                    self.current = d;
+                    let done = std::mem::replace(&mut self.current, d);
+                    // Zeroized when dropped, here or by the writer.
+                    let _ = self.free.try_send(done);
                     self.at = 0;
                 }
                 Ok(Msg::End) => self.ended = true,
