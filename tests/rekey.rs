@@ -483,6 +483,70 @@ fn kill_9_at_any_moment_leaves_each_file_old_or_new() {
     eprintln!("rekey kill -9: {trials} trials, {mid} mid-run");
 }
 
+/// kill -9 at the two moments of a replacement (a hook of debug builds,
+/// `TPMCRYPT_REKEY_TEST_CRASH_AT`): once the new file is durable and the
+/// original checked, before the exchange (every file is still the old
+/// ciphertext, the batch's temporaries beside them); and after the first
+/// exchange, before the displaced original is removed (the first file is
+/// the new ciphertext, the old one under a temporary name). Either way the next run finishes
+/// and leaves nothing but the files.
+#[test]
+fn kill_inside_a_replacement_leaves_each_file_old_or_new() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    let fp2 = recovery_fp(d, &r2);
+    let id2 = fs::read_to_string(d.join("r2.key")).unwrap();
+    for (at, first_new) in [("checked", false), ("exchanged", true)] {
+        let v = d.join(at);
+        fs::create_dir(&v).unwrap();
+        for i in 0..3 {
+            fs::write(v.join(format!("f{i}")), bytes(70_000 * (i + 1), i as u64)).unwrap();
+        }
+        assert_ok(
+            &run(d, &["encrypt", "-R", &r1, "--in-place", "-r", at]),
+            "encrypt",
+        );
+        let args = [
+            "rekey",
+            "-i",
+            "r1.key",
+            "-R",
+            &r2,
+            "--no-keep-recovery",
+            "-r",
+            at,
+        ];
+        let out = tpmcrypt(d)
+            .env("TPMCRYPT_REKEY_TEST_CRASH_AT", at)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), None, "{at}: killed by its signal");
+        let names = listing(&v);
+        // The batch's three temporaries (one of them, after the exchange,
+        // holding the displaced original) beside the three files.
+        let partials = names
+            .iter()
+            .filter(|n| n.contains(".tpmcrypt-partial."))
+            .count();
+        assert_eq!((names.len(), partials), (6, 3), "{at}: {names:?}");
+        for i in 0..3 {
+            let is_new = who(d, &format!("{at}/f{i}.tpmc")).1 == BTreeSet::from([rec(&fp2)]);
+            assert_eq!(is_new, first_new && i == 0, "{at}: f{i}");
+        }
+        let mut again = vec!["rekey", "-i", "r1.key", "-i", "r2.key"];
+        again.extend_from_slice(&args[3..]);
+        assert_ok(&run(d, &again), "next run");
+        assert_eq!(listing(&v), vec!["f0.tpmc", "f1.tpmc", "f2.tpmc"], "{at}");
+        for i in 0..3 {
+            let got = common::decrypt_in_process(&id2, &v.join(format!("f{i}.tpmc")));
+            assert!(got == bytes(70_000 * (i + 1), i as u64), "{at}: f{i}");
+        }
+    }
+}
+
 // ------------------------------------------------------------ on swtpm
 
 fn swtpm(d: &Path, name: &str) -> Simulator {

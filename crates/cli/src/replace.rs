@@ -75,6 +75,7 @@ pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError>
     if !unchanged || !named.is_ok_and(|m| is_as_read(o, &m)) {
         return Err(CommitError::Original(ChangedMeanwhile.into()));
     }
+    crash_point("checked");
     let displaced = out.exchange().map_err(CommitError::Rename)?;
     let Some(path) = displaced.path() else {
         // Replaced (no exchange on this file system): checked just before.
@@ -83,6 +84,7 @@ pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError>
     let moved = fs::symlink_metadata(path);
     let still = o.file.metadata();
     if matches!((&moved, &still), (Ok(m), Ok(s)) if is_as_read(o, m) && is_as_read(o, s)) {
+        crash_point("exchanged");
         return Ok(displaced);
     }
     // Another version took the name between the check and the exchange:
@@ -94,6 +96,25 @@ pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError>
         ))),
     }
 }
+
+/// For the kill -9 tests only, and only in debug builds: with
+/// `TPMCRYPT_REKEY_TEST_CRASH_AT=checked` the process kills itself
+/// (SIGKILL) at its first replacement, once the new file is durable and
+/// the original checked, before the exchange; with `=exchanged`, after
+/// the exchange, before the displaced original is removed. Release builds
+/// have no such hook.
+#[cfg(debug_assertions)]
+fn crash_point(at: &str) {
+    if std::env::var_os("TPMCRYPT_REKEY_TEST_CRASH_AT").is_some_and(|v| v == at) {
+        // SAFETY: sending a signal to this very process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn crash_point(_at: &str) {}
 
 #[cfg(test)]
 mod tests {
