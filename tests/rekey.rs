@@ -547,6 +547,70 @@ fn kill_inside_a_replacement_leaves_each_file_old_or_new() {
     }
 }
 
+/// The largest resident set of any child process waited for so far, KiB.
+fn children_max_rss_kib() -> i64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    assert_eq!(rc, 0, "getrusage failed");
+    usage.ru_maxrss
+}
+
+/// A 512 MiB file is rekeyed in constant memory: the plaintext streams
+/// through bounded buffers, never whole (every child of this test
+/// process, rekey included, stays under 64 MiB resident).
+#[test]
+fn a_large_file_is_rekeyed_in_constant_memory() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    let f = fs::File::create(d.join("big")).unwrap();
+    f.set_len(512 << 20).unwrap();
+    drop(f);
+    assert_ok(
+        &run(d, &["encrypt", "-q", "-R", &r1, "--in-place", "big"]),
+        "encrypt",
+    );
+    let r = run(
+        d,
+        &[
+            "-v",
+            "-q",
+            "rekey",
+            "-i",
+            "r1.key",
+            "-R",
+            &r2,
+            "--no-keep-recovery",
+            "big.tpmc",
+        ],
+    );
+    assert_ok(&r, "rekey");
+    assert!(
+        rekey_summary(&r).contains(&format!("rekeyed 1 file(s), {} bytes", 512u64 << 20)),
+        "{}",
+        r.stderr
+    );
+    let rss = children_max_rss_kib();
+    assert!(rss < 64 << 10, "a child had {rss} KiB resident");
+    assert_ok(
+        &run(
+            d,
+            &[
+                "decrypt",
+                "-q",
+                "-i",
+                "r2.key",
+                "-o",
+                "/dev/null",
+                "big.tpmc",
+            ],
+        ),
+        "decrypt",
+    );
+}
+
 // ------------------------------------------------------------ on swtpm
 
 fn swtpm(d: &Path, name: &str) -> Simulator {
