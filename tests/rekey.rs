@@ -547,6 +547,70 @@ fn kill_inside_a_replacement_leaves_each_file_old_or_new() {
     }
 }
 
+/// Run as root, a rekey of another user's file keeps its owner, group and
+/// mode; run as that other user, a rekey of root's file (in a directory
+/// it may write) is refused before anything is written, in a line that
+/// speaks of replacing it (rekey has no --in-place flag to name).
+#[test]
+fn rekey_keeps_the_owner_and_refuses_what_it_cannot_give_back() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch();
+    let d = dir.path();
+    common::chmod(d, 0o755);
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    common::chmod(&d.join("r1.key"), 0o644);
+    let sub = d.join("sub");
+    fs::create_dir(&sub).unwrap();
+    std::os::unix::fs::chown(&sub, Some(65534), Some(65534)).unwrap();
+    for f in ["theirs", "roots"] {
+        fs::write(sub.join(f), f.as_bytes()).unwrap();
+        assert_ok(
+            &run(
+                d,
+                &["encrypt", "-R", &r1, "--in-place", &format!("sub/{f}")],
+            ),
+            "encrypt",
+        );
+    }
+    let theirs = sub.join("theirs.tpmc");
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown (tests run as root)");
+    common::chmod(&theirs, 0o640);
+    common::chmod(&sub.join("roots.tpmc"), 0o644);
+    assert_ok(
+        &run(d, &["rekey", "-i", "r1.key", "-R", &r2, "sub/theirs.tpmc"]),
+        "rekey as root",
+    );
+    let m = fs::metadata(&theirs).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid(), common::mode_of(&theirs)),
+        (65534, 65534, 0o640)
+    );
+    let before = fs::read(sub.join("roots.tpmc")).unwrap();
+    let out = common::wrapper(&sub, "setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["rekey", "-i", "../r1.key", "-R", &r2, "roots.tpmc"])
+        .env("TPMCRYPT_HOME", sub.join(".home"))
+        .output()
+        .expect("setpriv (util-linux)");
+    let res: Run = out.into();
+    assert_error_line(
+        &res,
+        OTHER,
+        Some("roots.tpmc"),
+        &["owner", "replacing it"],
+        "root's file",
+    );
+    assert!(!res.stderr.contains("--in-place"), "{}", res.stderr);
+    assert_eq!(fs::read(sub.join("roots.tpmc")).unwrap(), before);
+    assert_eq!(
+        listing(&sub),
+        vec!["roots.tpmc", "theirs.tpmc"],
+        "nothing written"
+    );
+}
+
 /// The largest resident set of any child process waited for so far, KiB.
 fn children_max_rss_kib() -> i64 {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

@@ -626,7 +626,7 @@ pub struct InPlaceSymlink;
 /// its output (not root, another user's file): the output would change who
 /// owns the file, so nothing is done.
 #[derive(Debug, thiserror::Error)]
-#[error("--in-place would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
+#[error("replacing it would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
 pub struct OwnerNotKept {
     uid: u32,
     gid: u32,
