@@ -260,6 +260,125 @@ impl AtomicFile {
     }
 }
 
+impl AtomicFile {
+    /// Swaps the complete file with the one under its final name in one
+    /// step (`renameat2(RENAME_EXCHANGE)`), so that name always holds one
+    /// complete file or the other: the caller made the data durable. The
+    /// file that was under the name is now under the temporary name,
+    /// returned as [`Displaced`]. Where the file system cannot exchange,
+    /// the file is renamed over the name instead (also one step; nothing
+    /// is then displaced).
+    pub fn exchange(mut self) -> io::Result<Displaced> {
+        let (ctmp, cdest) = (cstring(&self.tmp)?, cstring(&self.dest)?);
+        let mut list = pending();
+        // SAFETY: two valid NUL-terminated paths, resolved as rename(2) would.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                ctmp.as_ptr(),
+                libc::AT_FDCWD,
+                cdest.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        let tmp = std::mem::take(&mut self.tmp);
+        if rc == 0 {
+            // The temporary name stays in the list: an interrupt now
+            // removes the displaced file, never the one under the name.
+            return Ok(Displaced {
+                path: tmp,
+                dest: self.dest.clone(),
+            });
+        }
+        let err = io::Error::last_os_error();
+        if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            self.tmp = tmp;
+            return Err(err);
+        }
+        if let Err(e) = fs::rename(&tmp, &self.dest) {
+            self.tmp = tmp;
+            return Err(e);
+        }
+        list.remove(&tmp);
+        Ok(Displaced {
+            path: PathBuf::new(),
+            dest: self.dest.clone(),
+        })
+    }
+}
+
+/// The file an [`AtomicFile::exchange`] took the name of, now under the
+/// temporary name. Dropped, it is removed.
+pub struct Displaced {
+    path: PathBuf,
+    dest: PathBuf,
+}
+
+impl Displaced {
+    /// Where it is now (None when the file system could not exchange and
+    /// the file under the name was replaced instead).
+    pub fn path(&self) -> Option<&Path> {
+        (!self.path.as_os_str().is_empty()).then_some(self.path.as_path())
+    }
+
+    /// Exchanges the two files back: the displaced file gets its name
+    /// again, and the one that took it is removed.
+    pub fn put_back(mut self) -> io::Result<()> {
+        let Some(path) = self.path().map(Path::to_path_buf) else {
+            return Err(io::Error::other("nothing to put back"));
+        };
+        let (cpath, cdest) = (cstring(&path)?, cstring(&self.dest)?);
+        let _list = pending();
+        // SAFETY: as in `exchange`.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                cpath.as_ptr(),
+                libc::AT_FDCWD,
+                cdest.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if rc != 0 {
+            // The name holds a complete file; the displaced one is kept
+            // under a name no clean-up of temporaries touches.
+            let err = io::Error::last_os_error();
+            let mut kept = self.dest.as_os_str().to_owned();
+            kept.push(format!(".kept-{}", std::process::id()));
+            let kept = PathBuf::from(kept);
+            if rename_noreplace(&path, &kept).is_ok() {
+                self.path = PathBuf::new();
+                return Err(io::Error::other(format!("{err}; kept as {}", shown(&kept))));
+            }
+            self.path = PathBuf::new();
+            return Err(io::Error::other(format!("{err}; kept as {}", shown(&path))));
+        }
+        Ok(())
+    }
+
+    /// Removes the displaced file.
+    pub fn remove(mut self) -> io::Result<()> {
+        let path = std::mem::take(&mut self.path);
+        if path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        let mut list = pending();
+        let r = fs::remove_file(&path);
+        list.remove(&path);
+        r
+    }
+}
+
+impl Drop for Displaced {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            let mut list = pending();
+            let _ = fs::remove_file(&self.path);
+            list.remove(&self.path);
+        }
+    }
+}
+
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.tmp.as_os_str().is_empty() {

@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::atomic::{self, AtomicFile};
+use crate::replace;
 use crate::stamp::Stamp;
 
 /// Bounds of one batch.
@@ -203,10 +204,19 @@ fn commit<T: Send>(
             tag, out, original, ..
         } = p;
         let dir = atomic::parent_dir(out.dest()).to_path_buf();
-        let r = r
-            .and_then(|()| before_rename(&tag))
-            .and_then(|()| out.rename_durable().map_err(CommitError::Rename));
-        renamed.push((tag, r, dir, original));
+        let r = r.and_then(|()| before_rename(&tag));
+        let (r, after) = match original {
+            // An output that takes its own original's name (rekey).
+            Some(o) if o.path == out.dest() => match r.and_then(|()| replace::exchange(out, &o)) {
+                Ok(displaced) => (Ok(()), After::Unlink(displaced)),
+                Err(e) => (Err(e), After::Nothing),
+            },
+            original => {
+                let r = r.and_then(|()| out.rename_durable().map_err(CommitError::Rename));
+                (r, original.map_or(After::Nothing, After::Remove))
+            }
+        };
+        renamed.push((tag, r, dir, after));
     }
     let dirs: BTreeSet<PathBuf> = renamed
         .iter()
@@ -226,12 +236,20 @@ fn commit<T: Send>(
             None => Ok(()),
         });
         let r = match (r, original) {
-            (Ok(()), Some(o)) => {
+            (Ok(()), After::Remove(o)) => {
                 let gone = remove_original(&o);
                 if gone.is_ok() {
                     removed_from.insert(atomic::parent_dir(&o.path).to_path_buf());
                 }
                 gone.map_err(CommitError::Original)
+            }
+            (Ok(()), After::Unlink(displaced)) => {
+                // The new file is durable under the name; the old one goes
+                // (left behind, it is a temporary the next run removes).
+                if displaced.remove().is_ok() {
+                    removed_from.insert(dir);
+                }
+                Ok(())
             }
             (r, _) => r,
         };
@@ -246,6 +264,14 @@ fn commit<T: Send>(
         );
     }
     out
+}
+
+/// What follows an output's commit: its original removed (`--in-place`),
+/// or the original it displaced (rekey) unlinked.
+enum After {
+    Nothing,
+    Remove(Original),
+    Unlink(atomic::Displaced),
 }
 
 type Synced<T> = Vec<(Pending<T>, Result<(), CommitError>)>;

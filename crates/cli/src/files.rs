@@ -77,6 +77,8 @@ pub enum Naming {
     Encrypt,
     /// `X.tpmc` → `X`.
     Decrypt,
+    /// `X` → `X`, replaced (`rekey`): any tpmcrypt file, by content.
+    Rekey,
 }
 
 /// Where data comes from.
@@ -126,6 +128,7 @@ fn is_dash(p: &Path) -> bool {
 /// The output name for `input`.
 pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
     match naming {
+        Naming::Rekey => Ok(input.to_path_buf()),
         Naming::Encrypt => {
             let mut name = input.as_os_str().to_owned();
             name.push(".");
@@ -206,7 +209,9 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     }
     let tasks = named_tasks(sources, naming, &mut failed)?;
     skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
-    refuse_outputs_that_are_inputs(&tasks)?;
+    if naming != Naming::Rekey {
+        refuse_outputs_that_are_inputs(&tasks)?;
+    }
     Ok(Plan {
         tasks,
         skipped,
@@ -443,6 +448,12 @@ fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
             Ok(false) => Some("not a tpmcrypt file"),
             Err(_) => Some("cannot be read"),
         },
+        // By content, whatever the name.
+        Naming::Rekey => match starts_with_magic(path) {
+            Ok(true) => None,
+            Ok(false) => Some("not a tpmcrypt file"),
+            Err(_) => Some("cannot be read"),
+        },
         // One that cannot be read is an input: its error is then reported.
         Naming::Encrypt => match starts_with_magic(path) {
             Ok(true) => Some("already a tpmcrypt file"),
@@ -615,7 +626,7 @@ pub struct InPlaceSymlink;
 /// its output (not root, another user's file): the output would change who
 /// owns the file, so nothing is done.
 #[derive(Debug, thiserror::Error)]
-#[error("--in-place would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
+#[error("replacing it would change who owns it: cannot give its output the owner and group of the original (uid {uid}, gid {gid})")]
 pub struct OwnerNotKept {
     uid: u32,
     gid: u32,
@@ -923,6 +934,9 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     // `<(tar c dir)`) are streamed.
     let file = open_input(path, opts.in_place, task.walked)?;
     let meta = file.metadata()?;
+    if let Some(refused) = crate::replace::refuse_input(task, &meta) {
+        return Err(refused);
+    }
     if opts.in_place && opts.output_kind == Holds::Ciphertext && meta.nlink() > 1 {
         // Removing one name would leave the plaintext under the others.
         return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
@@ -1110,7 +1124,8 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
     } = new;
     let opts = transfer.opts;
     atomic::clean_stale_partials_once(dest);
-    let mut out = AtomicFile::create(dest, mode, opts.force)
+    let replace = opts.force || crate::replace::replaces_input(transfer.task);
+    let mut out = AtomicFile::create(dest, mode, replace)
         .with_context(|| format!("creating {}", shown(dest)))?;
     if let Some((uid, gid)) = owner {
         // Before any byte is written: refused, nothing is left.

@@ -10,6 +10,8 @@ mod harden;
 mod keys;
 mod options;
 mod pin;
+mod plainpipe;
+mod replace;
 mod stamp;
 mod statsfile;
 mod tpm;
@@ -69,6 +71,7 @@ fn main() {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
         Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Rekey(a) => commands::rekey::run(a, &ui),
         Command::Watch(a) => commands::watch::run(a, &ui),
         #[cfg(feature = "bench")]
         Command::Bench(a) => commands::bench::run(a, &ui),

@@ -62,6 +62,10 @@ pub enum Command {
     /// typed one (terminal, askpass) is asked for again, each PIN typed
     /// costing one try, at most 3 per key.
     Decrypt(crate::commands::crypt::DecryptArgs),
+    /// Re-encrypt files in place to new recipients (a new TPM key, a
+    /// retired key, a rotated recovery key), keeping their recovery
+    /// recipients unless told otherwise. See docs/rekey.md.
+    Rekey(crate::commands::rekey::RekeyArgs),
     /// Print a file's header without decrypting it.
     Inspect(crate::commands::inspect::InspectArgs),
     /// Keep a directory encrypted: encrypt every file that lands in it.

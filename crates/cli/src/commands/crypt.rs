@@ -98,7 +98,7 @@ fn run_options(
 /// With `-v`, names every file a recursive run leaves out, and why; and
 /// always, one error line for each file or directory the walk found
 /// failing by itself (counted as a failure of the run).
-fn report_skipped(plan: &files::Plan, ui: &Ui) {
+pub(crate) fn report_skipped(plan: &files::Plan, ui: &Ui) {
     for (first, again) in &plan.same {
         eprintln!(
             "tpmcrypt: {} and {} are the same file: done once",

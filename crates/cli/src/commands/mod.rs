@@ -7,4 +7,5 @@ pub mod crypt;
 pub mod inspect;
 pub mod key;
 pub mod recovery;
+pub mod rekey;
 pub mod watch;
