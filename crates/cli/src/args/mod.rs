@@ -67,6 +67,13 @@ pub enum Command {
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(crate::commands::recovery::RecoveryCommand),
+    /// Check whether this machine can use tpmcrypt, and if not, why.
+    ///
+    /// Read-only: no dictionary-attack try is spent, no TPM state changes.
+    /// Exit status 0 when all is well; otherwise the sum of a bit per
+    /// missing capability: 4 no TPM, 8 algorithms, 16 lockout, 32 keys,
+    /// 64 PCR policy, 128 agent (docs/doctor.md).
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Print a shell completion script.
     Completions {
         /// Shell to generate for.

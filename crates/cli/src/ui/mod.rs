@@ -19,6 +19,8 @@ pub struct Ui {
     pub keystore: Option<std::path::PathBuf>,
     /// `--tpm`, if given.
     pub tpm: Option<String>,
+    /// Whether that value came from `TPMCRYPT_TCTI` rather than the flag.
+    pub tpm_from_env: bool,
     /// `--simulator`.
     pub simulator: bool,
 }
