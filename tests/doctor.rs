@@ -495,3 +495,76 @@ fn tcti_precedence_decides_decrypt_and_v_names_it() {
         "bad TPM2TOOLS_TCTI",
     );
 }
+
+/// What another process left loaded is reported (a warning, not a bit),
+/// and doctor works beside it.
+#[test]
+fn handles_left_loaded_by_others_are_reported() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", &[], false);
+    // Without a resource manager, tpm2_createprimary leaves its primary loaded.
+    tpm2_tool(
+        &sim,
+        d,
+        &["tpm2_createprimary", "-C", "o", "-c", "primary.ctx"],
+    );
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(
+        v["tpm"]["loaded"]["transient"].as_array().map(Vec::len),
+        Some(1),
+        "{v:#}"
+    );
+    assert_eq!(key(&v, "k")["loads"], true);
+    assert!(
+        v["warnings"].to_string().contains("1 transient objects"),
+        "{v:#}"
+    );
+    // Doctor flushed only its own: the primary is still there.
+    assert_eq!(common::tpm_handles(&sim, d).len(), 1);
+}
+
+/// A keystore another user could write to is a problem (bit 32), and its
+/// keys are not read.
+#[test]
+fn an_untrusted_keystore_sets_the_keys_bit() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", &[], false);
+    let home = d.join(".tpmcrypt-home");
+    fs::set_permissions(&home, fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 32, "{v:#}");
+    assert_eq!(v["keystore"]["trusted"], false);
+    assert_eq!(v["keystore"]["keys"], serde_json::json!([]));
+    assert_eq!(v["problems"][0]["check"], "keystore");
+    // An absent keystore is no problem, and is not created.
+    let none = d.join("none");
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t, "--keystore", none.to_str().unwrap()]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["keystore"]["exists"], false);
+    assert!(!none.exists(), "doctor created the keystore");
+}
+
+/// Text from the environment never reaches the terminal as control
+/// characters.
+#[test]
+fn control_characters_are_escaped_in_the_text_report() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let evil = "swtpm:host=\u{1b}[31mevil,port=1";
+    let r = run_env(d, &[("TPM2TOOLS_TCTI", evil)], &["doctor"]);
+    assert_eq!(r.code, BIT_TPM, "{}", r.stderr);
+    assert!(
+        !r.stdout.contains(&0x1b),
+        "{:?}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(text.contains("\\x1b[31mevil"), "{text}");
+}

@@ -112,6 +112,11 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
                  at a time (use device:/dev/tpmrm0)"
             ));
         }
+        if node.meta.as_ref().is_some_and(|m| !m.char_device) {
+            problems
+                .warnings
+                .push(format!("{path} is not a character device: not a TPM"));
+        }
         tpm["device"] = device_json(&node);
     }
     tpm["device_nodes"] = json!(probe::device_nodes()
@@ -132,6 +137,21 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
         }
     };
     tpm["tcti"] = json!(conn.tcti().to_string());
+    // Before doctor loads anything: what others left (a process killed
+    // mid-command, on a TPM without a resource manager).
+    if let Ok(l) = conn.loaded_handles() {
+        let hex = |v: &[u32]| v.iter().map(|h| format!("0x{h:08x}")).collect::<Vec<_>>();
+        if !l.transient.is_empty() || !l.sessions.is_empty() {
+            problems.warnings.push(format!(
+                "the TPM holds {} transient objects and {} sessions nobody flushed (a process \
+                 killed mid-command on a TPM without a resource manager); `tpm2_flushcontext \
+                 -t -s` frees them",
+                l.transient.len(),
+                l.sessions.len()
+            ));
+        }
+        tpm["loaded"] = json!({"transient": hex(&l.transient), "sessions": hex(&l.sessions)});
+    }
     match conn.health() {
         Ok(h) => {
             tpm["reachable"] = json!(true);

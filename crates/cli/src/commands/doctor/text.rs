@@ -11,7 +11,11 @@ pub fn render(r: &Value) -> String {
     cpu(&mut out, &r["cpu"], &r["backend"]);
     agent(&mut out, &r["agent"]);
     verdict(&mut out, r);
-    out
+    // Strings from the environment, the TPM and file names: never a
+    // control character to the terminal.
+    out.lines()
+        .map(|l| crate::ui::printable(l) + "\n")
+        .collect()
 }
 
 fn s(v: &Value) -> &str {
@@ -109,6 +113,17 @@ fn tpm(out: &mut String, t: &Value) {
         })
         .unwrap_or_default();
     line(out, "  PCR banks", &banks.join(", "));
+    if let Some(l) = t.get("loaded").filter(|l| l.is_object()) {
+        line(
+            out,
+            "  loaded",
+            &format!(
+                "{} transient objects, {} sessions left in the TPM",
+                l["transient"].as_array().map_or(0, Vec::len),
+                l["sessions"].as_array().map_or(0, Vec::len)
+            ),
+        );
+    }
     let algs: Vec<String> = t["algorithms"]
         .as_array()
         .map(|a| {
