@@ -568,3 +568,20 @@ fn control_characters_are_escaped_in_the_text_report() {
     let text = String::from_utf8_lossy(&r.stdout);
     assert!(text.contains("\\x1b[31mevil"), "{text}");
 }
+
+/// A keystore path that is there but is no directory is a problem, not
+/// "no keystore yet".
+#[test]
+fn a_keystore_that_is_not_a_directory_is_a_problem() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let file = d.join("store");
+    fs::write(&file, b"not a keystore").unwrap();
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t, "--keystore", file.to_str().unwrap()]);
+    assert_eq!(code, 32, "{v:#}");
+    assert_eq!(v["keystore"]["exists"], true);
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("not a directory"), "{reason}");
+}

@@ -274,9 +274,23 @@ fn keystore(ui: &Ui, mut tpm: Option<&mut Tpm>, problems: &mut Problems) -> Valu
         },
     };
     let shown = crate::ui::shown(&dir);
-    // Never created here: doctor changes nothing.
-    if !dir.is_dir() {
-        return json!({"dir": shown, "exists": false, "keys": []});
+    // Never created here: doctor changes nothing. Only a missing one is
+    // "none yet"; one that cannot be looked at, or no directory, is a problem.
+    match std::fs::metadata(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return json!({"dir": shown, "exists": false, "keys": []});
+        }
+        Err(e) => {
+            let reason = format!("{shown}: {}", crate::ui::printable(&e.to_string()));
+            problems.add(bits::KEYS, "keystore", reason.clone());
+            return json!({"dir": shown, "exists": null, "error": reason, "keys": []});
+        }
+        Ok(m) if !m.is_dir() => {
+            let reason = format!("{shown}: not a directory");
+            problems.add(bits::KEYS, "keystore", reason.clone());
+            return json!({"dir": shown, "exists": true, "error": reason, "keys": []});
+        }
+        Ok(_) => {}
     }
     let store = match Keystore::open(&dir).and_then(|s| s.check_trusted().map(|()| s)) {
         Ok(s) => s,
