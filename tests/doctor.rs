@@ -525,6 +525,16 @@ fn handles_left_loaded_by_others_are_reported() {
     );
     // Doctor flushed only its own: the primary is still there.
     assert_eq!(common::tpm_handles(&sim, d).len(), 1);
+    // With every object slot taken (swtpm has 3), the key cannot load, and
+    // the reason says the TPM is full, not only that the key does not load.
+    for _ in 0..2 {
+        tpm2_tool(&sim, d, &["tpm2_createprimary", "-C", "o", "-c", "p.ctx"]);
+    }
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 32, "{v:#}");
+    assert_eq!(key(&v, "k")["loads"], false);
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("tpm2_flushcontext -t -s"), "{reason}");
 }
 
 /// A keystore another user could write to is a problem (bit 32), and its

@@ -53,6 +53,9 @@ struct Problems {
     list: Vec<Value>,
     /// Worth knowing, but nothing is missing (a simulator, no AES-NI).
     warnings: Vec<String>,
+    /// Others left objects or sessions loaded: a key that does not load
+    /// may only have found the TPM full.
+    leftovers: bool,
 }
 
 impl Problems {
@@ -142,6 +145,7 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
     if let Ok(l) = conn.loaded_handles() {
         let hex = |v: &[u32]| v.iter().map(|h| format!("0x{h:08x}")).collect::<Vec<_>>();
         if !l.transient.is_empty() || !l.sessions.is_empty() {
+            problems.leftovers = true;
             problems.warnings.push(format!(
                 "the TPM holds {} transient objects and {} sessions nobody flushed (a process \
                  killed mid-command on a TPM without a resource manager); `tpm2_flushcontext \
@@ -347,11 +351,17 @@ fn key_check_json(key: &mut Value, name: &str, check: &KeyCheck, problems: &mut 
     key["loads"] = json!(check.load_error.is_none());
     key["load_error"] = json!(check.load_error.as_deref().map(crate::ui::printable));
     if let Some(why) = &check.load_error {
+        let full = if problems.leftovers {
+            " (the TPM holds objects nobody flushed: free them with `tpm2_flushcontext -t -s` \
+             and check again)"
+        } else {
+            ""
+        };
         problems.add(
             bits::KEYS,
             "keys",
             format!(
-                "key {name} does not load on this TPM: {}",
+                "key {name} does not load on this TPM: {}{full}",
                 crate::ui::printable(why)
             ),
         );
