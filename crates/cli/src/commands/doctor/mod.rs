@@ -108,19 +108,7 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
     };
     tpm["chosen_by"] = json!(by);
     if let Target::Tcti(Tcti::Device { path }) = &target {
-        let node = probe::device_node(Path::new(path));
-        if !node.resource_manager {
-            problems.warnings.push(format!(
-                "{path} is the raw device, without the kernel's resource manager: one process \
-                 at a time (use device:/dev/tpmrm0)"
-            ));
-        }
-        if node.meta.as_ref().is_some_and(|m| !m.char_device) {
-            problems
-                .warnings
-                .push(format!("{path} is not a character device: not a TPM"));
-        }
-        tpm["device"] = device_json(&node);
+        tpm["device"] = device_json(path, problems);
     }
     tpm["device_nodes"] = json!(probe::device_nodes()
         .iter()
@@ -128,7 +116,7 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
         .collect::<Vec<_>>());
     tpm["tabrmd_running"] = json!(probe::tabrmd_running());
     let opened = open(&target);
-    let (mut conn, _sim) = match opened {
+    let (conn, _simulator) = match opened {
         Ok(o) => o,
         Err((tcti, e)) => {
             tpm["tcti"] = json!(tcti);
@@ -139,22 +127,12 @@ fn tpm_and_keys(ui: &Ui, problems: &mut Problems) -> (Value, Value) {
             return (tpm, keystore(ui, None, problems));
         }
     };
+    // Declared after the simulator: closed before it stops.
+    let mut conn = conn;
     tpm["tcti"] = json!(conn.tcti().to_string());
-    // Before doctor loads anything: what others left (a process killed
-    // mid-command, on a TPM without a resource manager).
-    if let Ok(l) = conn.loaded_handles() {
-        let hex = |v: &[u32]| v.iter().map(|h| format!("0x{h:08x}")).collect::<Vec<_>>();
-        if !l.transient.is_empty() || !l.sessions.is_empty() {
-            problems.leftovers = true;
-            problems.warnings.push(format!(
-                "the TPM holds {} transient objects and {} sessions nobody flushed (a process \
-                 killed mid-command on a TPM without a resource manager); `tpm2_flushcontext \
-                 -t -s` frees them",
-                l.transient.len(),
-                l.sessions.len()
-            ));
-        }
-        tpm["loaded"] = json!({"transient": hex(&l.transient), "sessions": hex(&l.sessions)});
+    // Before doctor loads anything: what others left.
+    if let Some(loaded) = leftovers(&mut conn, problems) {
+        tpm["loaded"] = loaded;
     }
     match conn.health() {
         Ok(h) => {
@@ -188,7 +166,39 @@ fn open(target: &Target) -> Result<(Tpm, Option<Simulator>), (String, tpmcrypt_t
     }
 }
 
-fn device_json(node: &probe::DeviceNode) -> Value {
+/// Handles others left loaded (a process killed mid-command on a TPM
+/// without a resource manager), as JSON; a warning when there are any.
+fn leftovers(conn: &mut Tpm, problems: &mut Problems) -> Option<Value> {
+    let l = conn.loaded_handles().ok()?;
+    let hex = |v: &[u32]| v.iter().map(|h| format!("0x{h:08x}")).collect::<Vec<_>>();
+    if !l.transient.is_empty() || !l.sessions.is_empty() {
+        problems.leftovers = true;
+        problems.warnings.push(format!(
+            "the TPM holds {} transient objects and {} sessions nobody flushed (a process \
+             killed mid-command on a TPM without a resource manager); `tpm2_flushcontext \
+             -t -s` frees them",
+            l.transient.len(),
+            l.sessions.len()
+        ));
+    }
+    Some(json!({"transient": hex(&l.transient), "sessions": hex(&l.sessions)}))
+}
+
+/// The device node of a device TCTI, with warnings for a raw device and
+/// for something that is no character device.
+fn device_json(path: &str, problems: &mut Problems) -> Value {
+    let node = probe::device_node(Path::new(path));
+    if !node.resource_manager {
+        problems.warnings.push(format!(
+            "{path} is the raw device, without the kernel's resource manager: one process \
+             at a time (use device:/dev/tpmrm0)"
+        ));
+    }
+    if node.meta.as_ref().is_some_and(|m| !m.char_device) {
+        problems
+            .warnings
+            .push(format!("{path} is not a character device: not a TPM"));
+    }
     json!({
         "path": crate::ui::shown(&node.path),
         "exists": node.meta.is_some(),

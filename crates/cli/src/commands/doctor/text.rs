@@ -38,50 +38,16 @@ fn tpm(out: &mut String, t: &Value) {
     let tcti = t["tcti"].as_str().unwrap_or("(none)");
     let by = t["chosen_by"].as_str().unwrap_or("?");
     line(out, "TPM", &format!("{tcti} (from {by})"));
-    if let Some(d) = t.get("device").filter(|d| d.is_object()) {
-        let access = match d["open_error"].as_str() {
-            None => "you can open it".to_string(),
-            Some(e) => format!("you cannot open it: {e}"),
-        };
-        let kind = if d["resource_manager"].as_bool() == Some(true) {
-            "resource manager"
-        } else {
-            "raw device, no resource manager"
-        };
-        let perms = match d["mode"].as_str() {
-            Some(mode) => format!(
-                "mode {mode}, uid {}, group {}",
-                d["uid"],
-                d["group"]
-                    .as_str()
-                    .map_or(d["gid"].to_string(), String::from)
-            ),
-            None => "does not exist".into(),
-        };
-        line(
-            out,
-            "  device",
-            &format!("{}: {perms}; {kind}; {access}", s(&d["path"])),
-        );
-    }
-    if let Some(nodes) = t["device_nodes"].as_array() {
-        let names: Vec<&str> = nodes.iter().map(s).collect();
-        let names = if names.is_empty() {
-            "none".to_string()
-        } else {
-            names.join(", ")
-        };
-        let abrmd = if t["tabrmd_running"].as_bool() == Some(true) {
-            "tpm2-abrmd running"
-        } else {
-            "tpm2-abrmd not running"
-        };
-        line(out, "  nodes", &format!("{names}; {abrmd}"));
-    }
+    device(out, t);
     if t["reachable"].as_bool() != Some(true) {
         line(out, "  reachable", &format!("no: {}", s(&t["error"])));
         return;
     }
+    chip(out, t);
+}
+
+/// What the TPM said of itself.
+fn chip(out: &mut String, t: &Value) {
     let sim = if t["simulator"].as_bool() == Some(true) {
         " — a SIMULATOR: no hardware protection"
     } else {
@@ -161,6 +127,50 @@ fn tpm(out: &mut String, t: &Value) {
         _ => "none at 0x81000001 (keys use the owner primary of the standard template)".into(),
     };
     line(out, "  SRK", &srk_text);
+}
+
+/// The device node and the other TPM nodes.
+fn device(out: &mut String, t: &Value) {
+    if let Some(d) = t.get("device").filter(|d| d.is_object()) {
+        let access = match d["open_error"].as_str() {
+            None => "you can open it".to_string(),
+            Some(e) => format!("you cannot open it: {e}"),
+        };
+        let kind = if d["resource_manager"].as_bool() == Some(true) {
+            "resource manager"
+        } else {
+            "raw device, no resource manager"
+        };
+        let perms = match d["mode"].as_str() {
+            Some(mode) => format!(
+                "mode {mode}, uid {}, group {}",
+                d["uid"],
+                d["group"]
+                    .as_str()
+                    .map_or(d["gid"].to_string(), String::from)
+            ),
+            None => "does not exist".into(),
+        };
+        line(
+            out,
+            "  device",
+            &format!("{}: {perms}; {kind}; {access}", s(&d["path"])),
+        );
+    }
+    if let Some(nodes) = t["device_nodes"].as_array() {
+        let names: Vec<&str> = nodes.iter().map(s).collect();
+        let names = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        };
+        let abrmd = if t["tabrmd_running"].as_bool() == Some(true) {
+            "tpm2-abrmd running"
+        } else {
+            "tpm2-abrmd not running"
+        };
+        line(out, "  nodes", &format!("{names}; {abrmd}"));
+    }
 }
 
 fn keystore(out: &mut String, k: &Value) {
