@@ -595,3 +595,45 @@ fn a_keystore_that_is_not_a_directory_is_a_problem() {
     let reason = v["problems"][0]["reason"].as_str().unwrap();
     assert!(reason.contains("not a directory"), "{reason}");
 }
+
+/// A persistent SRK at 0x81000001 is reported with its algorithm, and
+/// keys made under it are checked under it.
+#[test]
+fn a_persistent_srk_is_reported() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_createprimary",
+            "-C",
+            "o",
+            "-G",
+            "rsa2048",
+            "-c",
+            "srk.ctx",
+        ],
+    );
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_evictcontrol",
+            "-C",
+            "o",
+            "-c",
+            "srk.ctx",
+            "0x81000001",
+        ],
+    );
+    tpm2_tool(&sim, d, &["tpm2_flushcontext", "-t"]);
+    create_key(d, &t, "k", &[], false);
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["tpm"]["srk"]["present"], true);
+    assert_eq!(v["tpm"]["srk"]["alg"], "rsa");
+    assert_eq!(key(&v, "k")["loads"], true);
+}
