@@ -637,3 +637,31 @@ fn a_persistent_srk_is_reported() {
     assert_eq!(v["tpm"]["srk"]["alg"], "rsa");
     assert_eq!(key(&v, "k")["loads"], true);
 }
+
+/// A TCTI whose ports accept connections and never answer: doctor gives
+/// up after --timeout and reports the TPM unreachable (bit 4), where
+/// tpm2-tss alone would wait for ever.
+#[test]
+fn a_tpm_that_never_answers_is_given_up_after_the_timeout() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let (cmd, _ctrl, port) = loop {
+        let cmd = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = cmd.local_addr().expect("addr").port();
+        if let Ok(ctrl) = TcpListener::bind(("127.0.0.1", port + 1)) {
+            break (cmd, ctrl, port);
+        }
+    };
+    let _ = &cmd;
+    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let start = std::time::Instant::now();
+    let (code, v) = doctor_json(d, &[], &["--tpm", &tcti, "--timeout", "2s"]);
+    let took = start.elapsed();
+    assert_eq!(code, BIT_TPM, "{v:#}");
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("no answer within 2s"), "{reason}");
+    assert_eq!(v["tpm"]["chosen_by"], "--tpm");
+    let r = run_env(d, &[], &["doctor", "--timeout", "0"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}

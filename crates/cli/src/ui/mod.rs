@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Output preferences shared by the commands.
+#[derive(Clone)]
 pub struct Ui {
     /// Print summaries.
     pub verbose: bool,

@@ -26,6 +26,10 @@ pub struct DoctorArgs {
     /// Print the report as JSON on stdout (field names in docs/doctor.md).
     #[arg(long)]
     pub json: bool,
+    /// How long to wait for the TPM to answer before reporting it as
+    /// unreachable (a TCTI that accepts connections and never answers).
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::args::value::duration)]
+    pub timeout: std::time::Duration,
 }
 
 /// The exit bits. Bits 0 and 1 are left to the usual codes (1 error, 2
@@ -68,8 +72,10 @@ impl Problems {
 
 /// Runs `doctor`.
 pub fn run(args: &DoctorArgs, ui: &Ui) -> anyhow::Result<i32> {
-    let mut problems = Problems::default();
-    let (tpm_json, keystore_json) = tpm_and_keys(ui, &mut problems);
+    if args.timeout.is_zero() {
+        return Err(crate::ui::exit::usage("--timeout must be more than 0"));
+    }
+    let (tpm_json, keystore_json, mut problems) = tpm_and_keys_within(ui, args.timeout);
     let report = json!({
         "version": 1,
         "tpm": tpm_json,
@@ -89,6 +95,40 @@ pub fn run(args: &DoctorArgs, ui: &Ui) -> anyhow::Result<i32> {
         stdout::write_all(text::render(&report).as_bytes())?;
     }
     Ok(problems.bits)
+}
+
+/// [`tpm_and_keys`] in a thread of its own, given up after `timeout`: a
+/// TCTI that accepts a connection and never answers would block tpm2-tss
+/// for ever. Given up, the TPM is reported unreachable and the keystore's
+/// keys are read without a TPM; the thread ends with the process.
+fn tpm_and_keys_within(ui: &Ui, timeout: std::time::Duration) -> (Value, Value, Problems) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = ui.clone();
+    std::thread::spawn(move || {
+        let mut problems = Problems::default();
+        let (tpm, keys) = tpm_and_keys(&owned, &mut problems);
+        let _ = tx.send((tpm, keys, problems));
+    });
+    if let Ok(done) = rx.recv_timeout(timeout) {
+        return done;
+    }
+    let mut problems = Problems::default();
+    let mut tpm = json!({"reachable": false});
+    if let Ok((target, by)) = crate::tpm::chosen(ui) {
+        tpm["chosen_by"] = json!(by);
+        if let Target::Tcti(t) = target {
+            tpm["tcti"] = json!(t.to_string());
+        }
+    }
+    let reason = format!(
+        "TPM unreachable ({}): no answer within {}",
+        tpm["tcti"].as_str().unwrap_or("?"),
+        humantime::format_duration(timeout)
+    );
+    tpm["error"] = json!(reason);
+    problems.add(bits::TPM, "tpm", reason);
+    let keys = keystore(ui, None, &mut problems);
+    (tpm, keys, problems)
 }
 
 /// The TPM section and the keystore section (whose keys are checked on
