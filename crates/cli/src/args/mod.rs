@@ -26,7 +26,8 @@ pub struct Cli {
     pub keystore: Option<PathBuf>,
 
     /// The TPM, as a TCTI in tpm2-tools syntax (device:/dev/tpmrm0,
-    /// swtpm:host=127.0.0.1,port=2321, tabrmd). Default device:/dev/tpmrm0.
+    /// swtpm:host=127.0.0.1,port=2321, tabrmd). Without it: TPMCRYPT_TCTI,
+    /// then TPM2TOOLS_TCTI, then TSS2_TCTI, then device:/dev/tpmrm0.
     #[arg(long, global = true, env = "TPMCRYPT_TCTI", value_name = "TCTI", value_parser = value::tcti_value)]
     pub tpm: Option<String>,
 
