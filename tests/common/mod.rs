@@ -20,6 +20,8 @@ pub fn tpmcrypt(dir: &Path) -> Command {
         .env("TPMCRYPT_HOME", dir.join(".tpmcrypt-home"))
         .env("TPMCRYPT_AGENT_SOCK", dir.join(".tpmcrypt-agent.sock"))
         .env_remove("TPMCRYPT_TCTI")
+        .env_remove("TPM2TOOLS_TCTI")
+        .env_remove("TSS2_TCTI")
         .env_remove("TPMCRYPT_SIMULATOR")
         .env_remove("TPMCRYPT_PIN")
         .stdin(Stdio::null());

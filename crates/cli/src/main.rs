@@ -17,7 +17,7 @@ mod statsfile;
 mod tpm;
 mod ui;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
 use crate::ui::{exit, stdout, Ui};
@@ -29,8 +29,13 @@ fn main() {
     if std::env::var_os("TSS2_LOG").is_none() {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    // The matches say where --tpm's value came from (flag or TPMCRYPT_TCTI).
+    let parsed = Cli::command().try_get_matches().and_then(|m| {
+        let tpm_from_env = m.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
+        Cli::from_arg_matches(&m).map(|cli| (cli, tpm_from_env))
+    });
+    let (cli, tpm_from_env) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
             // so does the help shown for a bare `tpmcrypt` or `tpmcrypt key`
@@ -64,6 +69,7 @@ fn main() {
         quiet: cli.quiet,
         keystore: cli.keystore.clone(),
         tpm: cli.tpm.clone().filter(|t| !t.trim().is_empty()),
+        tpm_from_env,
         simulator: cli.simulator,
         pin_file: cli.pin_file.clone(),
     };
@@ -78,6 +84,7 @@ fn main() {
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Key(c) => commands::key::run(c, &ui),
         Command::Agent(a) => commands::agent::run(a),
+        Command::Doctor(a) => commands::doctor::run(a, &ui),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), "tpmcrypt", &mut script);

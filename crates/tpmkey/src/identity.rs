@@ -129,6 +129,16 @@ impl TpmAccess {
         }
     }
 
+    /// Whether the TPM was opened (a connection made, or tried and kept).
+    pub fn is_open(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// The TPM this access opens.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
     /// Unbind commands issued so far (0 if the TPM was never opened).
     pub fn unbind_count(&self) -> u64 {
         self.lock().as_ref().map_or(0, |c| c.tpm.unbind_count())

@@ -28,6 +28,7 @@
 //! * [`simulator`] – start/stop a private swtpm (tests and `--simulator`).
 //! * [`tpm`]       – the [`Tpm`] handle: SRK, key creation, unbind.
 //! * [`pcr`]       – PCR selections such as `sha256:0,7`.
+//! * [`probe`]     – read-only diagnostics (`tpmcrypt doctor`) as plain data.
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
 //! * [`identity`]  – TPM keys as the cipher crate's identities and
@@ -45,6 +46,7 @@ pub mod identity;
 pub mod keyfile;
 pub mod keystore;
 pub mod pcr;
+pub mod probe;
 pub mod simulator;
 pub mod tcti;
 pub mod tpm;
@@ -55,5 +57,5 @@ pub use keyfile::{KeyAlg, KeyBlob, PolicyCommand};
 pub use keystore::{KeyMeta, Keystore};
 pub use pcr::{PcrBank, PcrSelection};
 pub use simulator::{Simulator, SimulatorOptions};
-pub use tcti::Tcti;
+pub use tcti::{Tcti, TctiSource};
 pub use tpm::{Tpm, TpmInfo};

@@ -16,6 +16,57 @@ use crate::error::{Error, Result};
 /// Environment variable that selects the TPM when no `--tcti` is given.
 pub const ENV_TCTI: &str = "TPMCRYPT_TCTI";
 
+/// tpm2-tools' variable, honoured after [`ENV_TCTI`] (as tpm2-tools users
+/// expect their setting to carry over).
+pub const ENV_TPM2TOOLS_TCTI: &str = "TPM2TOOLS_TCTI";
+
+/// tpm2-tss's variable, honoured after [`ENV_TPM2TOOLS_TCTI`].
+pub const ENV_TSS2_TCTI: &str = "TSS2_TCTI";
+
+/// The variables that name a TPM, in the order they are honoured.
+pub const ENV_CHAIN: [&str; 3] = [ENV_TCTI, ENV_TPM2TOOLS_TCTI, ENV_TSS2_TCTI];
+
+/// Where the TCTI in use came from (for `-v` and diagnostics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TctiSource {
+    /// Given by the caller (the CLI's `--tpm`).
+    Given,
+    /// From this environment variable (one of [`ENV_CHAIN`]).
+    Env(&'static str),
+    /// Nothing named a TPM: [`DEFAULT_TCTI`].
+    Default,
+}
+
+impl fmt::Display for TctiSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TctiSource::Given => write!(f, "given"),
+            TctiSource::Env(name) => write!(f, "{name}"),
+            TctiSource::Default => write!(f, "default"),
+        }
+    }
+}
+
+/// The TCTI the environment names, looked up with `var`: the first of
+/// [`ENV_CHAIN`] that is set and not blank, else [`DEFAULT_TCTI`]. A value
+/// that does not parse is an error that names its variable (it is not
+/// skipped: the user meant a TPM, and another one must not be used).
+pub fn choose(var: impl Fn(&str) -> Option<String>) -> Result<(Tcti, TctiSource)> {
+    for name in ENV_CHAIN {
+        match var(name) {
+            Some(v) if !v.trim().is_empty() => {
+                let tcti = v.parse().map_err(|e| match e {
+                    Error::InvalidInput(why) => Error::InvalidInput(format!("{name}: {why}")),
+                    other => other,
+                })?;
+                return Ok((tcti, TctiSource::Env(name)));
+            }
+            _ => {}
+        }
+    }
+    Ok((DEFAULT_TCTI.parse()?, TctiSource::Default))
+}
+
 /// The TCTI used when nothing is configured: the kernel resource manager,
 /// which (unlike `/dev/tpm0`) lets several processes share the TPM.
 pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
@@ -50,12 +101,15 @@ pub enum Tcti {
 }
 
 impl Tcti {
-    /// The TCTI from `TPMCRYPT_TCTI`, or [`DEFAULT_TCTI`].
+    /// The TCTI from `TPMCRYPT_TCTI`, `TPM2TOOLS_TCTI` or `TSS2_TCTI` (the
+    /// first set), or [`DEFAULT_TCTI`].
     pub fn from_env() -> Result<Tcti> {
-        match std::env::var(ENV_TCTI) {
-            Ok(s) if !s.trim().is_empty() => s.parse(),
-            _ => DEFAULT_TCTI.parse(),
-        }
+        Tcti::from_env_with_source().map(|(t, _)| t)
+    }
+
+    /// As [`Tcti::from_env`], with where it came from.
+    pub fn from_env_with_source() -> Result<(Tcti, TctiSource)> {
+        choose(|name| std::env::var(name).ok())
     }
 
     /// Whether this TCTI points at a software TPM (swtpm/mssim protocols).
@@ -259,6 +313,47 @@ mod tests {
         ] {
             assert!(s.parse::<Tcti>().is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn the_environment_is_read_in_order_and_a_bad_value_names_its_variable() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let all = env(&[
+            ("TSS2_TCTI", "swtpm:port=3"),
+            ("TPM2TOOLS_TCTI", "swtpm:port=2"),
+            ("TPMCRYPT_TCTI", "swtpm:port=1"),
+        ]);
+        let port = |t: &Tcti| match t {
+            Tcti::Swtpm { port, .. } => *port,
+            other => panic!("{other}"),
+        };
+        let (t, s) = choose(all).unwrap();
+        assert_eq!((port(&t), s), (1, TctiSource::Env("TPMCRYPT_TCTI")));
+        let (t, s) = choose(env(&[
+            ("TPMCRYPT_TCTI", "  "),
+            ("TPM2TOOLS_TCTI", "swtpm:port=2"),
+            ("TSS2_TCTI", "swtpm:port=3"),
+        ]))
+        .unwrap();
+        assert_eq!((port(&t), s), (2, TctiSource::Env("TPM2TOOLS_TCTI")));
+        let (t, s) = choose(env(&[("TSS2_TCTI", "swtpm:port=3")])).unwrap();
+        assert_eq!((port(&t), s), (3, TctiSource::Env("TSS2_TCTI")));
+        let (t, s) = choose(env(&[("TPM2TOOLS_TCTI", "")])).unwrap();
+        assert_eq!(
+            (t.to_string(), s),
+            (DEFAULT_TCTI.into(), TctiSource::Default)
+        );
+        let e = choose(env(&[("TPM2TOOLS_TCTI", "cmd:x"), ("TSS2_TCTI", "device")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TPM2TOOLS_TCTI: unknown TCTI 'cmd'"), "{e}");
     }
 
     #[test]

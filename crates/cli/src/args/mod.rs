@@ -26,7 +26,8 @@ pub struct Cli {
     pub keystore: Option<PathBuf>,
 
     /// The TPM, as a TCTI in tpm2-tools syntax (device:/dev/tpmrm0,
-    /// swtpm:host=127.0.0.1,port=2321, tabrmd). Default device:/dev/tpmrm0.
+    /// swtpm:host=127.0.0.1,port=2321, tabrmd). Without it: TPMCRYPT_TCTI,
+    /// then TPM2TOOLS_TCTI, then TSS2_TCTI, then device:/dev/tpmrm0.
     #[arg(long, global = true, env = "TPMCRYPT_TCTI", value_name = "TCTI", value_parser = value::tcti_value)]
     pub tpm: Option<String>,
 
@@ -81,6 +82,13 @@ pub enum Command {
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(crate::commands::recovery::RecoveryCommand),
+    /// Check whether this machine can use tpmcrypt, and if not, why.
+    ///
+    /// Read-only: no dictionary-attack try is spent, no TPM state changes.
+    /// Exit status 0 when all is well; otherwise the sum of a bit per
+    /// missing capability: 4 no TPM, 8 algorithms, 16 lockout, 32 keys,
+    /// 64 PCR policy, 128 agent (docs/doctor.md).
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Print a shell completion script.
     Completions {
         /// Shell to generate for.

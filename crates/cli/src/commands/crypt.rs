@@ -386,6 +386,9 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     });
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
+    if ui.verbose && access.is_open() {
+        eprintln!("tpmcrypt: TPM {}", crate::tpm::describe(ui, &access));
+    }
     finish(
         summary,
         &plan,

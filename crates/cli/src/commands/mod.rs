@@ -4,6 +4,7 @@ pub mod agent;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod crypt;
+pub mod doctor;
 pub mod inspect;
 pub mod key;
 pub mod recovery;

@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Output preferences shared by the commands.
+#[derive(Clone)]
 pub struct Ui {
     /// Print summaries.
     pub verbose: bool,
@@ -19,6 +20,8 @@ pub struct Ui {
     pub keystore: Option<std::path::PathBuf>,
     /// `--tpm`, if given.
     pub tpm: Option<String>,
+    /// Whether that value came from `TPMCRYPT_TCTI` rather than the flag.
+    pub tpm_from_env: bool,
     /// `--simulator`.
     pub simulator: bool,
     /// `--pin-file`, if given.

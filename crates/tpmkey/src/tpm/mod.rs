@@ -6,6 +6,7 @@
 //! the TPM holds no transient object or session of ours afterwards — also
 //! on error paths, and also on TPMs without a resource manager.
 
+mod health;
 mod policy;
 mod rc;
 mod scope;

@@ -219,7 +219,7 @@ fn create_primary(ctx: &mut Context, rsa: bool) -> Result<Srk> {
     })
 }
 
-fn open_persistent(ctx: &mut Context, handle: u32) -> Result<Option<Srk>> {
+pub(crate) fn open_persistent(ctx: &mut Context, handle: u32) -> Result<Option<Srk>> {
     if !persistent_exists(ctx, handle)? {
         return Ok(None);
     }
