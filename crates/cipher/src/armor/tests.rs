@@ -282,6 +282,38 @@ proptest! {
             Err(e) => prop_assert!(armor_error(&e).is_some()),
         }
     }
+
+    #[test]
+    fn accepted_armor_is_the_one_armor_of_its_bytes(
+        len in 1usize..300,
+        edits in proptest::collection::vec(
+            (any::<prop::sample::Index>(), 0u8..3, prop::sample::select(&b"A=\n\r -/+a0"[..])),
+            1..4,
+        ),
+    ) {
+        // Random edits (insert, delete, replace) of armor characters into
+        // valid armor: whatever is still accepted must be exactly what the
+        // writer makes of the bytes read, but for CRLF and whitespace
+        // around. Strictness means one text per file.
+        let mut text = armor(&payload(len));
+        for (at, op, c) in edits {
+            let i = at.index(text.len());
+            match op {
+                0 => text.insert(i, c),
+                1 => drop(text.remove(i)),
+                _ => text[i] = c,
+            }
+        }
+        if let Ok(back) = dearmor(&text) {
+            let s = String::from_utf8(text.clone()).unwrap();
+            let canonical = s.trim_matches([' ', '\t', '\r', '\n']).replace("\r\n", "\n") + "\n";
+            if starts_armor(text[0]) {
+                prop_assert_eq!(canonical.into_bytes(), armor(&back));
+            } else {
+                prop_assert_eq!(back, text);
+            }
+        }
+    }
 }
 
 mod decrypt_any_file {
