@@ -303,6 +303,8 @@ pub struct ArmoredReader<R: Read> {
     line: [u8; MAX_LINE + 1],
     /// The number of the last line read.
     line_no: u64,
+    /// An error found after bytes were returned: the next read's.
+    error: Option<io::Error>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -338,6 +340,7 @@ impl<R: Read> ArmoredReader<R> {
             ready: 0..0,
             line: [0; MAX_LINE + 1],
             line_no: 0,
+            error: None,
         }
     }
 
@@ -512,24 +515,38 @@ impl<R: Read> ArmoredReader<R> {
 }
 
 impl<R: Read> Read for ArmoredReader<R> {
+    /// Fills `out` with as many decoded lines as are at hand (a read blocks
+    /// only when it has nothing to return yet). An armor error after some
+    /// bytes were returned is the next read's error.
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if out.is_empty() {
-            return Ok(0);
-        }
-        loop {
+        let mut n = 0;
+        while n < out.len() {
             if !self.ready.is_empty() {
-                let n = out.len().min(self.ready.len());
-                out[..n].copy_from_slice(&self.decoded[self.ready.start..self.ready.start + n]);
-                self.ready.start += n;
-                return Ok(n);
+                let k = (out.len() - n).min(self.ready.len());
+                out[n..n + k]
+                    .copy_from_slice(&self.decoded[self.ready.start..self.ready.start + k]);
+                self.ready.start += k;
+                n += k;
+                continue;
             }
+            let more_at_hand = !self.inner.buffer().is_empty();
             match self.state {
-                ReadState::Binary => return self.inner.read(out),
-                ReadState::Done => return Ok(0),
-                ReadState::Failed => return Err(poisoned()),
-                ReadState::Detect | ReadState::Armored { .. } => self.step()?,
+                ReadState::Binary if n == 0 => return self.inner.read(out),
+                ReadState::Failed if n == 0 => {
+                    return Err(self.error.take().unwrap_or_else(poisoned))
+                }
+                ReadState::Detect | ReadState::Armored { .. } if n == 0 || more_at_hand => {
+                    if let Err(e) = self.step() {
+                        if n == 0 {
+                            return Err(e);
+                        }
+                        self.error = Some(e);
+                    }
+                }
+                _ => break,
             }
         }
+        Ok(n)
     }
 }
 
