@@ -391,3 +391,45 @@ fn plaintext_that_looks_like_armor_is_still_just_plaintext() {
         }
     }
 }
+
+/// Runs `args` with a pseudo-terminal as stdout (util-linux `script`);
+/// returns the exit code and what the terminal showed.
+fn on_terminal(dir: &Path, args: &str) -> (i32, String) {
+    let typescript = dir.join("typescript");
+    let status = common::wrapper(dir, "script")
+        .args(["-q", "-e", "-c"])
+        .arg(format!("{} {args}", common::bin().display()))
+        .arg(&typescript)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("script (util-linux)");
+    let shown = String::from_utf8_lossy(&fs::read(&typescript).unwrap()).into_owned();
+    fs::remove_file(&typescript).unwrap();
+    (status.code().unwrap_or(-1), shown)
+}
+
+#[test]
+fn armor_may_go_to_a_terminal_and_comes_back_from_one() {
+    let dir = common::scratch("armor-tty");
+    let d = dir.path();
+    let r = setup(d);
+    let plain = common::bytes(1000, 4);
+    fs::write(d.join("p"), &plain).unwrap();
+    let (code, shown) = on_terminal(d, &format!("encrypt -R {r} -o - p"));
+    assert_eq!(code, 2, "binary ciphertext to a terminal: {shown}");
+    assert!(
+        shown.contains("refusing to write ciphertext to a terminal"),
+        "{shown}"
+    );
+    let (code, shown) = on_terminal(d, &format!("encrypt -a -R {r} -o - p"));
+    assert_eq!(code, 0, "{shown}");
+    // The terminal turned every LF into CRLF: armor copied from a
+    // terminal decrypts as it is.
+    let begin = shown.find(BEGIN).expect("BEGIN line shown");
+    let end = shown.find(END).expect("END line shown") + END.len();
+    let copied = format!("{}\r\n", &shown[begin..end]);
+    assert!(copied.contains("\r\n") && !copied.replace("\r\n", "").contains('\n'));
+    let back = run_stdin(d, &["decrypt", "-i", "id.key"], copied.as_bytes());
+    assert_ok(&back, "decrypt of armor copied from a terminal");
+    assert_eq!(back.stdout, plain);
+}
