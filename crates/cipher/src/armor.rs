@@ -424,6 +424,14 @@ impl<R: Read> ArmoredReader<R> {
     /// Reads the next line of the armor: decodes a data line into
     /// `self.decoded`, or takes the END line and checks what follows.
     fn next_line(&mut self, crlf: bool, last: bool, lines: u64) -> io::Result<()> {
+        if !last && self.full_line_at_hand(crlf) {
+            self.state = ReadState::Armored {
+                crlf,
+                last: self.ready.len() < LINE_BYTES,
+                lines: lines + 1,
+            };
+            return Ok(());
+        }
         let line = self.read_line()?;
         self.line_no += 1;
         let no = self.line_no;
@@ -477,6 +485,25 @@ impl<R: Read> ArmoredReader<R> {
             lines: lines + 1,
         };
         Ok(())
+    }
+
+    /// The common case, without copying the line: a 64-column line of
+    /// valid base64 and its line ending already in the buffer, decoded into
+    /// `self.decoded`. Anything else (false) takes the general path, which
+    /// accepts no more than this does and names what is wrong.
+    fn full_line_at_hand(&mut self, crlf: bool) -> bool {
+        let width = COLUMNS + 1 + usize::from(crlf);
+        let buf = self.inner.buffer();
+        if buf.len() < width || buf[width - 1] != b'\n' || (crlf && buf[COLUMNS] != b'\r') {
+            return false;
+        }
+        let Ok(n) = STANDARD.decode_slice(&buf[..COLUMNS], &mut self.decoded) else {
+            return false;
+        };
+        self.inner.consume(width);
+        self.line_no += 1;
+        self.ready = 0..n;
+        true
     }
 
     /// After the END line: whitespace only, to the end of the input.
