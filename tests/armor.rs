@@ -203,35 +203,32 @@ fn stray_bits(line: &str) -> String {
 }
 
 /// Every way armor can be wrong: the case's name, its text, and what the
+/// Every way armor can be wrong: the case's name, its text, and what the
 /// error line must mention.
 fn corruptions(d: &Path, r: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let (_, lines) = armored_lines(d, r);
+    let mut all = line_faults(&lines);
+    all.extend(frame_faults(&lines));
+    all.push(("header only", header_only(d, r), "truncated"));
+    all.push((
+        "changed data char",
+        payload_char_changed(&lines),
+        "authentication",
+    ));
+    all
+}
+
+/// `lines` changed by `f`, joined.
+fn edited(lines: &[String], f: &dyn Fn(&mut Vec<String>)) -> Vec<u8> {
+    let mut l = lines.to_vec();
+    f(&mut l);
+    joined(&l).into_bytes()
+}
+
+/// Faults inside the data lines.
+fn line_faults(lines: &[String]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let n = lines.len();
-    let good = joined(&lines);
-    let with = |f: &dyn Fn(&mut Vec<String>)| {
-        let mut l = lines.clone();
-        f(&mut l);
-        joined(&l).into_bytes()
-    };
-    // A data character of the payload (the header is in the first lines).
-    let mut flipped = lines.clone();
-    let c = if flipped[n - 3].starts_with('A') {
-        "B"
-    } else {
-        "A"
-    };
-    flipped[n - 3].replace_range(0..1, c);
-    // The binary header alone, armored: valid armor, truncated ciphertext.
-    let head_only = {
-        let full = run_stdin(d, &["encrypt", "-R", r], b"x");
-        assert_ok(&full, "encrypt");
-        fs::write(d.join("h.tpmc"), &full.stdout).unwrap();
-        let info = run(d, &["inspect", "--json", "h.tpmc"]);
-        let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
-        let header_len = info["payload_offset"].as_u64().unwrap() as usize;
-        fs::remove_file(d.join("h.tpmc")).unwrap();
-        armor_of(&full.stdout[..header_len])
-    };
+    let with = |f: &dyn Fn(&mut Vec<String>)| edited(lines, f);
     vec![
         (
             "bad base64 char",
@@ -278,6 +275,15 @@ fn corruptions(d: &Path, r: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> 
             with(&|l| l[3].push('\r')),
             "mixed line endings",
         ),
+    ]
+}
+
+/// Faults of the frame: what comes after the data, the BEGIN and END lines.
+fn frame_faults(lines: &[String]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let n = lines.len();
+    let good = joined(lines);
+    let with = |f: &dyn Fn(&mut Vec<String>)| edited(lines, f);
+    vec![
         (
             "garbage after END",
             format!("{good}x\n").into_bytes(),
@@ -318,18 +324,38 @@ fn corruptions(d: &Path, r: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> 
             format!("{BEGIN}\n{END}\n").into_bytes(),
             "no data",
         ),
-        ("header only", head_only, "truncated"),
         (
             "other PEM",
             b"-----BEGIN PGP MESSAGE-----\nAAAA\n".to_vec(),
             "not a tpmcrypt file",
         ),
-        (
-            "changed data char",
-            joined(&flipped).into_bytes(),
-            "authentication",
-        ),
     ]
+}
+
+/// A data character of the payload changed (the header is in the first
+/// lines): still armor, no longer authentic.
+fn payload_char_changed(lines: &[String]) -> Vec<u8> {
+    let mut flipped = lines.to_vec();
+    let n = flipped.len();
+    let c = if flipped[n - 3].starts_with('A') {
+        "B"
+    } else {
+        "A"
+    };
+    flipped[n - 3].replace_range(0..1, c);
+    joined(&flipped).into_bytes()
+}
+
+/// The binary header alone, armored: valid armor, truncated ciphertext.
+fn header_only(d: &Path, r: &str) -> Vec<u8> {
+    let full = run_stdin(d, &["encrypt", "-R", r], b"x");
+    assert_ok(&full, "encrypt");
+    fs::write(d.join("h.tpmc"), &full.stdout).unwrap();
+    let info = run(d, &["inspect", "--json", "h.tpmc"]);
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let header_len = info["payload_offset"].as_u64().unwrap() as usize;
+    fs::remove_file(d.join("h.tpmc")).unwrap();
+    armor_of(&full.stdout[..header_len])
 }
 
 /// `bytes` armored (for the one case made by hand: armor of a cut
@@ -346,7 +372,9 @@ fn damaged_armor_is_exit_3_with_one_line_and_no_output() {
     let dir = common::scratch("armor-bad");
     let d = dir.path();
     let r = setup(d);
-    for (what, text, needle) in corruptions(d, &r) {
+    let cases = corruptions(d, &r);
+    assert_eq!(cases.len(), 20, "the cases docs/reliability.md lists");
+    for (what, text, needle) in cases {
         fs::write(d.join("x.tpmc"), &text).unwrap();
         let before = common::listing(d);
         let out = run(d, &["decrypt", "-i", "id.key", "x.tpmc"]);
