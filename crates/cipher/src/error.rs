@@ -51,6 +51,10 @@ pub enum Error {
     #[error("truncated: the file ends before its payload")]
     TruncatedHeader,
 
+    /// ASCII armor that is not strictly what [`crate::armor`] writes.
+    #[error(transparent)]
+    Armor(#[from] crate::armor::ArmorError),
+
     /// None of the supplied identities can open any recipient stanza.
     #[error("no identity matches any recipient of this file")]
     NoMatchingIdentity,
@@ -103,6 +107,7 @@ impl Error {
                 | Error::SegmentAuth { .. }
                 | Error::Truncated { .. }
                 | Error::TruncatedHeader
+                | Error::Armor(_)
                 | Error::NoMatchingIdentity
                 | Error::Unwrap(_)
         )

@@ -52,6 +52,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod armor;
 pub mod backend;
 pub mod cbc_hmac;
 pub mod error;

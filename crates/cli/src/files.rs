@@ -480,19 +480,21 @@ fn private_key_kind(file: &File) -> Option<&'static str> {
     }
 }
 
-/// Whether `path` begins with the tpmcrypt magic bytes.
+/// Whether `path` begins with the tpmcrypt magic bytes, or with the BEGIN
+/// line of its ASCII armor (`encrypt -a`).
 fn starts_with_magic(path: &Path) -> io::Result<bool> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt;
     let magic = tpmcrypt_cipher::format::MAGIC;
-    let mut head = [0u8; 8];
+    let begin = tpmcrypt_cipher::armor::BEGIN.as_bytes();
+    let mut head = [0u8; 64];
     // Never blocks on a FIFO swapped in for the file, never follows a link.
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)?;
-    let n = file.take(magic.len() as u64).read(&mut head)?;
-    Ok(n == magic.len() && head == magic)
+    let n = tpmcrypt_cipher::stream::read_full(&mut file.take(begin.len() as u64), &mut head)?;
+    Ok(head[..n].starts_with(&magic) || head[..n].starts_with(begin))
 }
 
 /// A transform from an input to an output (encrypt or decrypt one stream).

@@ -57,6 +57,11 @@ pub struct EncryptArgs {
     #[arg(long, hide = true)]
     pub allow_tty: bool,
 
+    /// Write ASCII armor (PEM-style text, 64-column base64 lines) instead
+    /// of binary; `decrypt` and `inspect` recognise it by themselves.
+    #[arg(short = 'a', long)]
+    pub armor: bool,
+
     #[command(flatten)]
     pub files: FileArgs,
 }
@@ -332,11 +337,17 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if let Some(b) = options::backend(args.files.backend, Some(&params))? {
         encryptor = encryptor.with_backend(b);
     }
-    let opts = run_options(&args.files, ui, !args.allow_tty, Holds::Ciphertext);
+    // Armor is text: it may go to a terminal.
+    let refuse_tty = !args.allow_tty && !args.armor;
+    let opts = run_options(&args.files, ui, refuse_tty, Holds::Ciphertext);
     report_skipped(&plan, ui);
     let setup = start.elapsed();
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
-        encryptor.encrypt_file(input, output, stream)
+        if args.armor {
+            encryptor.encrypt_file_armored(input, output, stream)
+        } else {
+            encryptor.encrypt_file(input, output, stream)
+        }
     });
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
@@ -382,7 +393,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     report_skipped(&plan, ui);
     let setup = start.elapsed();
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
-        decryptor.decrypt_file(input, output, stream)
+        decryptor.decrypt_any_file(input, output, stream)
     });
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);

@@ -2,13 +2,13 @@
 //! documented in docs/format.md ("inspect --json").
 
 use std::fs::File;
-use std::io::BufReader;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
+use tpmcrypt_cipher::armor::{self, ArmoredReader};
 use tpmcrypt_cipher::recipient::kind;
 use tpmcrypt_cipher::{Decryptor, Header, Mode};
 
@@ -29,6 +29,9 @@ struct Inspect {
     #[serde(skip_serializing_if = "Option::is_none")]
     file_hex: Option<String>,
     format_version: u8,
+    /// Whether the file is ASCII armor (the other fields describe the
+    /// binary file it holds).
+    armored: bool,
     mode: &'static str,
     key_bits: u32,
     segment_size: u32,
@@ -66,8 +69,11 @@ pub struct InspectArgs {
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
     let label = || crate::ui::shown(&args.file);
-    let mut input = BufReader::new(File::open(&args.file).with_context(label)?);
-    let header = Header::read_from(&mut input).with_context(label)?;
+    // Binary or armored: the first byte decides (tpmcrypt_cipher::armor).
+    let mut input = ArmoredReader::new(File::open(&args.file).with_context(label)?);
+    let header = Header::read_from(&mut input)
+        .map_err(armor::lift)
+        .with_context(label)?;
     let session_key = if args.reveal_session_key {
         let identities = args
             .identities
@@ -90,6 +96,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<i32> {
             .is_none()
             .then(|| hex::encode(args.file.as_os_str().as_bytes())),
         format_version: tpmcrypt_cipher::format::VERSION,
+        armored: input.is_armored(),
         mode: params.mode.name(),
         key_bits: params.key_bits(),
         segment_size: params.segment_size,
@@ -123,6 +130,9 @@ fn render(info: &Inspect, json: bool) -> anyhow::Result<String> {
     let tink = if info.tink_compatible { "yes" } else { "no" };
     writeln!(out, "file:            {}", info.file)?;
     writeln!(out, "format version:  {}", info.format_version)?;
+    if info.armored {
+        writeln!(out, "armor:           yes (ASCII armor of the binary file)")?;
+    }
     writeln!(out, "mode:            {}", info.mode)?;
     writeln!(out, "key bits:        {}", info.key_bits)?;
     writeln!(
