@@ -28,6 +28,7 @@
 //! * [`simulator`] – start/stop a private swtpm (tests and `--simulator`).
 //! * [`tpm`]       – the [`Tpm`] handle: SRK, key creation, unbind.
 //! * [`pcr`]       – PCR selections such as `sha256:0,7`.
+//! * [`signed`]    – signed PCR policies (PolicyAuthorize) and PCR signers.
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
 //! * [`identity`]  – TPM keys as the cipher crate's identities and
@@ -45,6 +46,7 @@ pub mod identity;
 pub mod keyfile;
 pub mod keystore;
 pub mod pcr;
+pub mod signed;
 pub mod simulator;
 pub mod tcti;
 pub mod tpm;

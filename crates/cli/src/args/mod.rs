@@ -67,6 +67,12 @@ pub enum Command {
     /// Manage software recovery keys.
     #[command(subcommand)]
     Recovery(crate::commands::recovery::RecoveryCommand),
+    /// Make a PCR signer (signs PCR policies for keys made with --pcr-signer).
+    #[command(subcommand, name = "pcr-signer")]
+    PcrSigner(crate::commands::pcr::PcrSignerCommand),
+    /// Signed PCR policies: sign PCR values for keys made with --pcr-signer.
+    #[command(subcommand)]
+    Pcr(crate::commands::pcr::PcrCommand),
     /// Print a shell completion script.
     Completions {
         /// Shell to generate for.

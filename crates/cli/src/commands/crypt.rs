@@ -386,6 +386,11 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     });
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
+    if ui.verbose {
+        for used in access.signed_policies_used() {
+            eprintln!("tpmcrypt: the TPM key was used under its {used}");
+        }
+    }
     finish(
         summary,
         &plan,

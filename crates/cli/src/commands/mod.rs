@@ -6,5 +6,6 @@ pub mod bench;
 pub mod crypt;
 pub mod inspect;
 pub mod key;
+pub mod pcr;
 pub mod recovery;
 pub mod watch;

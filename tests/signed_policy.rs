@@ -1,0 +1,451 @@
+//! End-to-end tests of signed PCR policies (PolicyAuthorize) on a real
+//! swtpm: `pcr-signer create`, `key create --pcr-signer`, `pcr sign`,
+//! `key add-policy`, decrypt under the policy that holds, the refusals
+//! (exit 4), the TPM commands of one unbind, and tpm2-tools satisfying the
+//! same policy by hand.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use common::{assert_ok, bytes, tpm2_tool, tpm_handles, tpmcrypt, Run};
+use tpmcrypt_tpmkey::signed::{PcrSigner, SignedPolicy};
+use tpmcrypt_tpmkey::{KeyBlob, Simulator};
+
+const TPM: i32 = 4;
+const PCRS: &str = "sha256:0,7";
+
+fn swtpm(dir: &Path) -> Simulator {
+    Simulator::start(&dir.join("swtpm"))
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
+}
+
+fn tc(dir: &Path, tcti: &str, args: &[&str]) -> Run {
+    tpmcrypt(dir)
+        .arg("--tpm")
+        .arg(tcti)
+        .args(args)
+        .output()
+        .expect("spawn tpmcrypt")
+        .into()
+}
+
+fn plain(dir: &Path, args: &[&str]) -> Run {
+    common::run(dir, args)
+}
+
+fn key_file(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(".tpmcrypt-home").join(format!("{name}.key.pem"))
+}
+
+fn load_key(dir: &Path, name: &str) -> KeyBlob {
+    KeyBlob::from_pem(&fs::read_to_string(key_file(dir, name)).unwrap()).unwrap()
+}
+
+fn assert_no_handles(sim: &Simulator, dir: &Path, after: &str) {
+    let h = tpm_handles(sim, dir);
+    assert!(h.is_empty(), "after {after}: the TPM still holds {h:?}");
+}
+
+/// A signer in `dir/NAME.key` (its public key in `NAME.pub`).
+fn signer(dir: &Path, name: &str) {
+    let key = format!("{name}.key");
+    let r = plain(dir, &["pcr-signer", "create", "--out", &key]);
+    assert_ok(&r, "pcr-signer create");
+    assert!(String::from_utf8_lossy(&r.stdout).starts_with("-----BEGIN PUBLIC KEY-----"));
+    fs::write(dir.join(format!("{name}.pub")), &r.stdout).unwrap();
+    assert_eq!(common::mode_of(&dir.join(&key)), 0o600);
+}
+
+/// The current value of sha256 PCR `i`, as tpm2_pcrread prints it.
+fn pcr(sim: &Simulator, dir: &Path, i: u8) -> String {
+    let out = tpm2_tool(sim, dir, &["tpm2_pcrread", &format!("sha256:{i}")]);
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{i} : 0x")))
+        .unwrap_or_else(|| panic!("no PCR {i} in {out}"))
+        .to_ascii_lowercase()
+}
+
+fn extend7(sim: &Simulator, dir: &Path) {
+    tpm2_tool(
+        sim,
+        dir,
+        &[
+            "tpm2_pcrextend",
+            "7:sha256=00000000000000000000000000000000000000000000000000000000000000aa",
+        ],
+    );
+}
+
+fn sign_current(dir: &Path, t: &str, signer: &str, out: &str) {
+    let key = format!("{signer}.key");
+    let r = tc(
+        dir,
+        t,
+        &[
+            "pcr",
+            "sign",
+            "--signer",
+            &key,
+            "--pcrs",
+            PCRS,
+            "--current",
+            "-o",
+            out,
+        ],
+    );
+    assert_ok(&r, "pcr sign --current");
+    assert_eq!(common::mode_of(&dir.join(out)), 0o644, "a policy is public");
+}
+
+#[test]
+fn a_signed_policy_survives_a_pcr_change_once_the_new_values_are_signed() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let rec = common::recovery(d, "recovery.key");
+    for (name, alg) in [("k", "ecc-p256"), ("kr", "rsa2048")] {
+        let r = tc(
+            d,
+            &t,
+            &[
+                "key",
+                "create",
+                name,
+                "--alg",
+                alg,
+                "--pcr-signer",
+                "signer.pub",
+                "--pcrs",
+                PCRS,
+                "--recovery",
+                &rec,
+            ],
+        );
+        assert_ok(&r, "key create --pcr-signer");
+        fs::write(d.join(name), bytes(5000, name.len() as u64)).unwrap();
+        assert_ok(&plain(d, &["encrypt", "--key", name, name]), "encrypt");
+    }
+    let ct_before = fs::read(d.join("k.tpmc")).unwrap();
+
+    // No policy signed yet: refused before any key authorization.
+    let r = tc(d, &t, &["decrypt", "-o", "-", "k.tpmc"]);
+    common::assert_error_line(&r, TPM, None, &["no signed PCR policy"], "no policy yet");
+    assert!(r.stdout.is_empty());
+
+    sign_current(d, &t, "signer", "now.policy");
+    for name in ["k", "kr"] {
+        let r = plain(d, &["key", "add-policy", name, "now.policy"]);
+        assert_ok(&r, "key add-policy");
+        let r = tc(
+            d,
+            &t,
+            &["decrypt", "-v", "-o", "-", &format!("{name}.tpmc")],
+        );
+        assert_ok(&r, "decrypt under the signed policy");
+        assert_eq!(r.stdout, bytes(5000, name.len() as u64));
+        assert!(
+            r.stderr.contains("signed policy 1 of 1 (sha256:0,7)"),
+            "-v names the policy: {}",
+            r.stderr
+        );
+    }
+    assert_no_handles(&sim, d, "decrypts under a signed policy");
+
+    // An "update": PCR 7 changes. The old policy no longer holds; the
+    // refusal names PCR 7 (not 0) with its value now and the signed one.
+    let old7 = pcr(&sim, d, 7);
+    extend7(&sim, d);
+    let new7 = pcr(&sim, d, 7);
+    let r = tc(d, &t, &["decrypt", "-o", "-", "k.tpmc"]);
+    common::assert_error_line(
+        &r,
+        TPM,
+        Some("k.tpmc"),
+        &[
+            "no signed PCR policy",
+            &format!("PCR 7 is {new7} (signed: {old7})"),
+        ],
+        "after the PCR change",
+    );
+    assert!(!r.stderr.contains("PCR 0 is"), "{}", r.stderr);
+    assert_no_handles(&sim, d, "a refused decrypt");
+
+    // The new values, as predicted before the update (tpm2_pcrread's text
+    // and its binary -o), signed and attached beside the old policy.
+    fs::write(
+        d.join("next.txt"),
+        tpm2_tool(&sim, d, &["tpm2_pcrread", PCRS]),
+    )
+    .unwrap();
+    tpm2_tool(&sim, d, &["tpm2_pcrread", PCRS, "-o", "next.bin"]);
+    for (values, out) in [("next.txt", "next.policy"), ("next.bin", "next2.policy")] {
+        let r = plain(
+            d,
+            &[
+                "pcr",
+                "sign",
+                "--signer",
+                "signer.key",
+                "--pcrs",
+                PCRS,
+                "--values",
+                values,
+                "-o",
+                out,
+            ],
+        );
+        assert_ok(&r, "pcr sign --values");
+    }
+    assert_ok(&plain(d, &["key", "add-policy", "k", "next.policy"]), "add");
+    let r = plain(d, &["key", "add-policy", "k", "next2.policy"]);
+    assert_ok(&r, "add the same values again");
+    assert!(
+        r.stderr.contains("holds this policy already"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        load_key(d, "k").auth_policies.len(),
+        2,
+        "old and new side by side"
+    );
+    let r = tc(d, &t, &["decrypt", "-v", "-o", "-", "k.tpmc"]);
+    assert_ok(&r, "decrypt after the new values were signed");
+    assert_eq!(r.stdout, bytes(5000, 1));
+    assert!(r.stderr.contains("signed policy 2 of 2"), "{}", r.stderr);
+    assert_eq!(
+        fs::read(d.join("k.tpmc")).unwrap(),
+        ct_before,
+        "nothing re-encrypted"
+    );
+    // The recovery identity opens what the TPM key no longer does.
+    let r = plain(d, &["decrypt", "-i", "recovery.key", "-o", "-", "kr.tpmc"]);
+    assert_ok(&r, "recovery");
+    assert_eq!(r.stdout, bytes(5000, 2));
+    assert_no_handles(&sim, d, "the whole flow");
+}
+
+#[test]
+fn policies_of_another_signer_or_with_a_bad_signature_are_refused() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "mine");
+    signer(d, "theirs");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "mine.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create");
+    fs::write(d.join("f"), b"secret").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    sign_current(d, &t, "theirs", "theirs.policy");
+    let r = plain(d, &["key", "add-policy", "k", "theirs.policy"]);
+    common::assert_error_line(&r, TPM, None, &["signer mismatch"], "another signer");
+
+    // A valid policy whose signed values were changed afterwards.
+    sign_current(d, &t, "mine", "mine.policy");
+    let mut forged =
+        SignedPolicy::from_pem(&fs::read_to_string(d.join("mine.policy")).unwrap()).unwrap();
+    forged.pcr_digest = vec![0x55; 32];
+    fs::write(d.join("forged.policy"), forged.to_pem().unwrap()).unwrap();
+    let r = plain(d, &["key", "add-policy", "k", "forged.policy"]);
+    common::assert_error_line(&r, TPM, None, &["signature", "invalid"], "forged");
+    assert_eq!(load_key(d, "k").auth_policies.len(), 0, "nothing attached");
+
+    // Planted straight into the key file (by someone who can write it):
+    // decrypt refuses them in software, and the TPM is never asked.
+    let mut blob = load_key(d, "k");
+    let other = PcrSigner::from_pem(&fs::read(d.join("theirs.key")).unwrap()).unwrap();
+    let planted = other
+        .sign(
+            &PCRS.parse().unwrap(),
+            &[
+                hex::decode(pcr(&sim, d, 0)).unwrap(),
+                hex::decode(pcr(&sim, d, 7)).unwrap(),
+            ],
+        )
+        .unwrap();
+    blob.auth_policies
+        .push(tpmcrypt_tpmkey::keyfile::AuthPolicy {
+            name: Some(planted.label()),
+            policy: planted.commands().unwrap(),
+        });
+    fs::write(key_file(d, "k"), blob.to_pem()).unwrap();
+    let r = tc(d, &t, &["decrypt", "-o", "-", "f.tpmc"]);
+    common::assert_error_line(&r, TPM, Some("f.tpmc"), &["signer mismatch"], "planted");
+    assert!(r.stdout.is_empty());
+    // Beside a good policy, the planted one is passed over.
+    assert_ok(&plain(d, &["key", "add-policy", "k", "mine.policy"]), "add");
+    let r = tc(d, &t, &["decrypt", "-v", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt with the good policy");
+    assert_eq!(r.stdout, b"secret");
+    assert!(r.stderr.contains("signed policy 2 of 2"), "{}", r.stderr);
+    assert_no_handles(&sim, d, "refusals");
+}
+
+/// A TCP proxy in front of swtpm's command port that records the command
+/// code of every TPM command passing through (swtpm's server speaks the
+/// bare TPM protocol: a 10-byte header with the size, then the body).
+struct Counter {
+    port: u16,
+    codes: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Counter {
+    /// Listens on a free pair of ports (the swtpm TCTI uses port and
+    /// port + 1): commands on the first are counted, the control channel on
+    /// the second is piped through as it is.
+    fn start(tpm_port: u16) -> Counter {
+        let (listener, control) = loop {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let p = l.local_addr().unwrap().port();
+            if p == u16::MAX {
+                continue;
+            }
+            if let Ok(c) = TcpListener::bind(("127.0.0.1", p + 1)) {
+                break (l, c);
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for client in control.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(ctl) = TcpStream::connect(("127.0.0.1", tpm_port + 1)) else {
+                    return;
+                };
+                pipe(client.try_clone().unwrap(), ctl.try_clone().unwrap());
+                pipe(ctl, client);
+            }
+        });
+        let codes = Arc::new(Mutex::new(Vec::new()));
+        let seen = codes.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                let Ok(mut tpm) = TcpStream::connect(("127.0.0.1", tpm_port)) else {
+                    return;
+                };
+                while let Some(cmd) = read_message(&mut client) {
+                    seen.lock()
+                        .unwrap()
+                        .push(u32::from_be_bytes([cmd[6], cmd[7], cmd[8], cmd[9]]));
+                    let relayed = tpm
+                        .write_all(&cmd)
+                        .ok()
+                        .and_then(|()| read_message(&mut tpm));
+                    match relayed {
+                        Some(resp) if client.write_all(&resp).is_ok() => {}
+                        _ => break,
+                    }
+                }
+            }
+        });
+        Counter { port, codes }
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    });
+}
+
+fn read_message(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = [0u8; 10];
+    s.read_exact(&mut head).ok()?;
+    let size = u32::from_be_bytes([head[2], head[3], head[4], head[5]]) as usize;
+    let mut msg = head.to_vec();
+    msg.resize(size.max(10), 0);
+    s.read_exact(&mut msg[10..]).ok()?;
+    Some(msg)
+}
+
+/// The swtpm TCTI's port (`swtpm:host=…,port=N`).
+fn port_of(tcti: &str) -> u16 {
+    tcti.rsplit("port=").next().unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn tpm_commands_of_one_unbind_are_counted() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "signed",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    assert_ok(&tc(d, &t, &["key", "create", "plain"]), "key create");
+    sign_current(d, &t, "signer", "p.policy");
+    assert_ok(
+        &plain(d, &["key", "add-policy", "signed", "p.policy"]),
+        "add",
+    );
+    let mut counts = Vec::new();
+    for name in ["plain", "signed"] {
+        fs::write(d.join(name), b"x").unwrap();
+        assert_ok(&plain(d, &["encrypt", "--key", name, name]), "encrypt");
+        let counter = Counter::start(port_of(&t));
+        let proxied = format!("swtpm:host=127.0.0.1,port={}", counter.port);
+        let r = tc(
+            d,
+            &proxied,
+            &["decrypt", "-o", "-", &format!("{name}.tpmc")],
+        );
+        assert_ok(&r, &format!("decrypt {name} through the counter"));
+        let codes = counter.codes.lock().unwrap().clone();
+        eprintln!("{name}: {} TPM commands: {codes:x?}", codes.len());
+        counts.push(codes);
+    }
+    let (plain_cmds, signed_cmds) = (&counts[0], &counts[1]);
+    for (cc, what) in [
+        (0x17F, "PolicyPCR"),
+        (0x167, "LoadExternal"),
+        (0x177, "VerifySignature"),
+        (0x16A, "PolicyAuthorize"),
+    ] {
+        assert_eq!(
+            signed_cmds.iter().filter(|c| **c == cc).count(),
+            1,
+            "one {what}"
+        );
+        assert!(!plain_cmds.contains(&cc), "no {what} for a plain key");
+    }
+    // PCR_Read: one per PCR of the selection, before the key is loaded.
+    assert_eq!(signed_cmds.iter().filter(|c| **c == 0x17E).count(), 2);
+    assert_eq!(
+        signed_cmds.len(),
+        plain_cmds.len() + 2 + 4 + 1,
+        "2 PCR reads, 4 policy commands, 1 flush more: {signed_cmds:x?} vs {plain_cmds:x?}"
+    );
+}
