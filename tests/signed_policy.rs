@@ -449,3 +449,269 @@ fn tpm_commands_of_one_unbind_are_counted() {
         "2 PCR reads, 4 policy commands, 1 flush more: {signed_cmds:x?} vs {plain_cmds:x?}"
     );
 }
+
+/// tpm2-tools satisfy a tpmcrypt key's signed policy by hand, from the
+/// key file alone: PolicyPCR, LoadExternal + VerifySignature,
+/// PolicyAuthorize, then the key unbinds (TPM2_RSA_Decrypt) in that session.
+#[test]
+fn tpm2_tools_satisfy_the_signed_policy_by_hand() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    let tool = |args: &[&str]| tpm2_tool(&sim, d, args);
+    let flush = || {
+        tool(&["tpm2_flushcontext", "-t"]);
+    };
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--alg",
+            "rsa2048",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create");
+    sign_current(d, &t, "signer", "now.policy");
+    assert_ok(&plain(d, &["key", "add-policy", "k", "now.policy"]), "add");
+
+    // Everything below comes from the key file, as another implementation
+    // of the format would read it.
+    let blob = load_key(d, "k");
+    fs::write(d.join("k.pub"), &blob.public).unwrap();
+    fs::write(d.join("k.priv"), &blob.private).unwrap();
+    let signer_pub = blob.signer().unwrap().expect("a signer");
+    fs::write(d.join("signer.tpm2b"), signer_pub.to_tpm2b().unwrap()).unwrap();
+    let policy = &blob.signed_policies().unwrap()[0];
+    fs::write(d.join("approved.bin"), policy.approved_policy().unwrap()).unwrap();
+    fs::write(d.join("ahash.bin"), policy.signed_digest().unwrap()).unwrap();
+    // PolicyAuthorize's parameters: TPM2B_PUBLIC, TPM2B policyRef, TPMT_SIGNATURE.
+    let body = &blob.auth_policies[0].policy[1].command_policy;
+    let skip = |b: &[u8]| 2 + usize::from(u16::from_be_bytes([b[0], b[1]]));
+    let after_pub = &body[skip(body)..];
+    fs::write(d.join("sig.bin"), &after_pub[skip(after_pub)..]).unwrap();
+
+    let srk_attrs = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|decrypt";
+    tool(&[
+        "tpm2_createprimary",
+        "-C",
+        "o",
+        "-g",
+        "sha256",
+        "-G",
+        "ecc",
+        "-a",
+        srk_attrs,
+        "-c",
+        "p.ctx",
+    ]);
+    flush();
+    tool(&[
+        "tpm2_load",
+        "-C",
+        "p.ctx",
+        "-u",
+        "k.pub",
+        "-r",
+        "k.priv",
+        "-c",
+        "k.ctx",
+    ]);
+    flush();
+    tool(&[
+        "tpm2_loadexternal",
+        "-C",
+        "o",
+        "-u",
+        "signer.tpm2b",
+        "-c",
+        "signer.ctx",
+        "-n",
+        "signer.name",
+    ]);
+    flush();
+    tool(&[
+        "tpm2_verifysignature",
+        "-c",
+        "signer.ctx",
+        "-d",
+        "ahash.bin",
+        "-s",
+        "sig.bin",
+        "-t",
+        "ticket.bin",
+    ]);
+    flush();
+    tool(&["tpm2_startauthsession", "--policy-session", "-S", "s.ctx"]);
+    tool(&["tpm2_policypcr", "-S", "s.ctx", "-l", PCRS]);
+    tool(&[
+        "tpm2_policyauthorize",
+        "-S",
+        "s.ctx",
+        "-i",
+        "approved.bin",
+        "-n",
+        "signer.name",
+        "-t",
+        "ticket.bin",
+    ]);
+
+    let secret = bytes(32, 77);
+    fs::write(d.join("secret.bin"), &secret).unwrap();
+    let pub_pem = d.join(".tpmcrypt-home/k.pub.pem");
+    let out = std::process::Command::new("openssl")
+        .args([
+            "pkeyutl",
+            "-encrypt",
+            "-pubin",
+            "-inkey",
+            pub_pem.to_str().unwrap(),
+        ])
+        .args([
+            "-pkeyopt",
+            "rsa_padding_mode:oaep",
+            "-pkeyopt",
+            "rsa_oaep_md:sha256",
+        ])
+        .args([
+            "-pkeyopt",
+            "rsa_mgf1_md:sha256",
+            "-in",
+            "secret.bin",
+            "-out",
+            "ct.bin",
+        ])
+        .current_dir(d)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tool(&[
+        "tpm2_rsadecrypt",
+        "-c",
+        "k.ctx",
+        "-p",
+        "session:s.ctx",
+        "-s",
+        "oaep",
+        "-o",
+        "pt.bin",
+        "ct.bin",
+    ]);
+    tool(&["tpm2_flushcontext", "s.ctx"]);
+    flush();
+    assert_eq!(
+        fs::read(d.join("pt.bin")).unwrap(),
+        secret,
+        "unbound by hand"
+    );
+
+    // Without the signed policy (PolicyPCR alone) the key is refused.
+    tool(&["tpm2_startauthsession", "--policy-session", "-S", "s2.ctx"]);
+    tool(&["tpm2_policypcr", "-S", "s2.ctx", "-l", PCRS]);
+    let out = common::tpm2_tool_output(
+        &sim,
+        d,
+        &[
+            "tpm2_rsadecrypt",
+            "-c",
+            "k.ctx",
+            "-p",
+            "session:s2.ctx",
+            "-s",
+            "oaep",
+            "-o",
+            "pt2.bin",
+            "ct.bin",
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "PolicyPCR alone does not authorize the key"
+    );
+    tool(&["tpm2_flushcontext", "s2.ctx"]);
+    flush();
+}
+
+/// The TPM's dictionary-attack failure counter.
+fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
+    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
+        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
+    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
+    u32::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+/// With a PIN: PolicyAuthValue follows PolicyAuthorize in the key's own
+/// policy (no signer can drop it). A policy that does not hold is refused
+/// before the PIN is presented: no dictionary-attack try is spent.
+#[test]
+fn a_pin_stays_required_and_a_mismatch_spends_no_try() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    let with_pin = |pin: &str, args: &[&str]| -> Run {
+        tpmcrypt(d)
+            .arg("--tpm")
+            .arg(&t)
+            .env("TPMCRYPT_PIN", pin)
+            .args(args)
+            .output()
+            .expect("spawn")
+            .into()
+    };
+    signer(d, "signer");
+    let r = with_pin(
+        "2468",
+        &[
+            "key",
+            "create",
+            "k",
+            "--pin",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pin --pcr-signer");
+    fs::write(d.join("f"), b"pinned").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    sign_current(d, &t, "signer", "now.policy");
+    assert_ok(&plain(d, &["key", "add-policy", "k", "now.policy"]), "add");
+    let r = with_pin("2468", &["decrypt", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt with the PIN");
+    assert_eq!(r.stdout, b"pinned");
+    let r = with_pin("1111", &["decrypt", "-o", "-", "f.tpmc"]);
+    common::assert_error_line(&r, TPM, None, &["wrong PIN"], "wrong PIN");
+    assert_eq!(lockout_counter(&sim, d), 1, "one wrong PIN, one try");
+    extend7(&sim, d);
+    let r = with_pin("1111", &["decrypt", "-o", "-", "f.tpmc"]);
+    common::assert_error_line(
+        &r,
+        TPM,
+        None,
+        &["no signed PCR policy", "PCR 7 is"],
+        "mismatch",
+    );
+    assert_eq!(
+        lockout_counter(&sim, d),
+        1,
+        "a policy that does not hold costs no try"
+    );
+    assert_no_handles(&sim, d, "PIN tests");
+}
