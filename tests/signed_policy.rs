@@ -715,3 +715,70 @@ fn a_pin_stays_required_and_a_mismatch_spends_no_try() {
     );
     assert_no_handles(&sim, d, "PIN tests");
 }
+
+/// A careless operator: `pcr sign -o` naming the signer itself (or any
+/// file that is not a signed policy) never replaces it, not even with
+/// --force; a signer key others can read is refused; bad value files and
+/// non-policy files are usage errors.
+#[test]
+fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    signer(d, "s");
+    let z = "00".repeat(32);
+    fs::write(
+        d.join("v.txt"),
+        format!("sha256:\n  0 : 0x{z}\n  7 : 0x{z}\n"),
+    )
+    .unwrap();
+    let key_before = fs::read(d.join("s.key")).unwrap();
+    let sign = |out: &str, extra: &[&str]| {
+        let mut args = vec!["pcr", "sign", "--signer", "s.key", "--pcrs", PCRS];
+        args.extend_from_slice(&["--values", "v.txt", "-o", out]);
+        args.extend_from_slice(extra);
+        plain(d, &args)
+    };
+    for extra in [&[][..], &["--force"]] {
+        let r = sign("s.key", extra);
+        common::assert_error_line(&r, 1, Some("s.key"), &["not a signed policy"], "-o signer");
+        assert_eq!(
+            fs::read(d.join("s.key")).unwrap(),
+            key_before,
+            "signer intact"
+        );
+    }
+    fs::write(d.join("notes.txt"), "keep me").unwrap();
+    let r = sign("notes.txt", &["--force"]);
+    common::assert_error_line(
+        &r,
+        1,
+        Some("notes.txt"),
+        &["not a signed policy"],
+        "-o notes",
+    );
+    assert_eq!(fs::read_to_string(d.join("notes.txt")).unwrap(), "keep me");
+    assert_ok(&sign("p.policy", &[]), "sign");
+    assert_ok(
+        &sign("p.policy", &["--force"]),
+        "a policy is replaced with --force",
+    );
+
+    common::chmod(&d.join("s.key"), 0o644);
+    let r = sign("q.policy", &[]);
+    common::assert_error_line(&r, 1, Some("s.key"), &["readable by others"], "0644 signer");
+    assert!(!d.join("q.policy").exists());
+    common::chmod(&d.join("s.key"), 0o600);
+
+    fs::write(d.join("empty"), "").unwrap();
+    let r = plain(
+        d,
+        &[
+            "pcr", "sign", "--signer", "s.key", "--pcrs", PCRS, "--values", "empty", "-o",
+            "e.policy",
+        ],
+    );
+    common::assert_error_line(&r, 2, Some("empty"), &["got 0 bytes"], "empty values");
+    // A file that is no policy at all, given to key add-policy: usage.
+    let r = plain(d, &["key", "add-policy", "nokey", "s.pub"]);
+    assert_eq!(r.code, 1, "no such key: {}", r.stderr);
+}

@@ -133,16 +133,8 @@ fn create_signer(out: &Path) -> anyhow::Result<i32> {
 
 fn sign(args: &SignArgs, ui: &Ui) -> anyhow::Result<i32> {
     let sel = PcrSelection::parse(&args.pcrs)?;
-    if !args.force && fs::symlink_metadata(&args.out).is_ok() {
-        return Err(anyhow::anyhow!(
-            "already exists (use --force to replace it)"
-        ))
-        .with_context(|| crate::ui::shown(&args.out));
-    }
-    let pem = zeroize::Zeroizing::new(
-        tpmcrypt_tpmkey::trust::read_private_file(&args.signer, "the PCR signer key")
-            .with_context(|| crate::ui::shown(&args.signer))?,
-    );
+    check_replaceable(&args.out, args.force)?;
+    let pem = read_signer_key(&args.signer)?;
     let signer = PcrSigner::from_pem(&pem)
         .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(&args.signer))))?;
     let values = match &args.values {
@@ -162,6 +154,49 @@ fn sign(args: &SignArgs, ui: &Ui) -> anyhow::Result<i32> {
         crate::ui::shown(&args.out)
     ))?;
     Ok(crate::ui::exit::OK)
+}
+
+/// `-o FILE` may be replaced only with --force, and only when it is a
+/// signed policy: never the signer itself, nor any other file.
+fn check_replaceable(out: &Path, force: bool) -> anyhow::Result<()> {
+    let ctx = || crate::ui::shown(out);
+    if fs::symlink_metadata(out).is_err() {
+        return Ok(());
+    }
+    let is_policy = read_small(out)
+        .ok()
+        .and_then(|d| String::from_utf8(d).ok())
+        .is_some_and(|t| SignedPolicy::from_pem(&t).is_ok());
+    if !is_policy {
+        return Err(anyhow::anyhow!(
+            "exists and is not a signed policy file: not replaced"
+        ))
+        .with_context(ctx);
+    }
+    if !force {
+        return Err(anyhow::anyhow!(
+            "already exists (use --force to replace it)"
+        ))
+        .with_context(ctx);
+    }
+    Ok(())
+}
+
+/// The signer's private key: the caller's file, readable by nobody else.
+fn read_signer_key(path: &Path) -> anyhow::Result<zeroize::Zeroizing<Vec<u8>>> {
+    let ctx = || crate::ui::shown(path);
+    let pem = zeroize::Zeroizing::new(
+        tpmcrypt_tpmkey::trust::read_private_file(path, "the PCR signer key").with_context(ctx)?,
+    );
+    let mode = fs::metadata(path).with_context(ctx)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(anyhow::anyhow!(
+            "the PCR signer key is readable by others (mode {:o}); chmod 600 it",
+            mode & 0o777
+        ))
+        .with_context(ctx);
+    }
+    Ok(pem)
 }
 
 /// Writes a public file (0644) under a temporary name, then renames it.
@@ -294,6 +329,11 @@ pub fn create_key(
 /// key's PCR selection).
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
     let (mut blob, meta) = store.load(name)?;
+    if blob.signer()?.is_none() {
+        return Err(usage(format!(
+            "key {name} was not created with a PCR signer (key create --pcr-signer)"
+        )));
+    }
     let mut added = 0;
     for file in files {
         let text = String::from_utf8(read_small(file)?).map_err(|_| {
@@ -302,7 +342,8 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
                 crate::ui::shown(file)
             ))
         })?;
-        let policy = SignedPolicy::from_pem(&text).with_context(|| crate::ui::shown(file))?;
+        let policy = SignedPolicy::from_pem(&text)
+            .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
         if let Some(want) = meta.pcr_selection()? {
             if want != policy.selection {
                 return Err(usage(format!(
