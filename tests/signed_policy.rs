@@ -769,6 +769,22 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
     assert!(!d.join("q.policy").exists());
     common::chmod(&d.join("s.key"), 0o600);
 
+    // The public key given where the private one goes: said as such.
+    let r = plain(
+        d,
+        &[
+            "pcr", "sign", "--signer", "s.pub", "--pcrs", PCRS, "--values", "v.txt", "-o",
+            "x.policy",
+        ],
+    );
+    common::assert_error_line(
+        &r,
+        2,
+        Some("s.pub"),
+        &["not a PEM private key"],
+        "public key",
+    );
+
     fs::write(d.join("empty"), "").unwrap();
     let r = plain(
         d,

@@ -134,9 +134,7 @@ fn create_signer(out: &Path) -> anyhow::Result<i32> {
 fn sign(args: &SignArgs, ui: &Ui) -> anyhow::Result<i32> {
     let sel = PcrSelection::parse(&args.pcrs)?;
     check_replaceable(&args.out, args.force)?;
-    let pem = read_signer_key(&args.signer)?;
-    let signer = PcrSigner::from_pem(&pem)
-        .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(&args.signer))))?;
+    let signer = read_signer_key(&args.signer)?;
     let values = match &args.values {
         Some(file) => read_values(file, &sel)?,
         None => {
@@ -182,12 +180,14 @@ fn check_replaceable(out: &Path, force: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The signer's private key: the caller's file, readable by nobody else.
-fn read_signer_key(path: &Path) -> anyhow::Result<zeroize::Zeroizing<Vec<u8>>> {
+/// The signer's private key: the caller's file, readable by nobody else
+/// (a public key given by mistake is said to be one first).
+fn read_signer_key(path: &Path) -> anyhow::Result<PcrSigner> {
     let ctx = || crate::ui::shown(path);
     let pem = zeroize::Zeroizing::new(
         tpmcrypt_tpmkey::trust::read_private_file(path, "the PCR signer key").with_context(ctx)?,
     );
+    let signer = PcrSigner::from_pem(&pem).map_err(|e| usage(format!("{}: {e}", ctx())))?;
     let mode = fs::metadata(path).with_context(ctx)?.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(anyhow::anyhow!(
@@ -196,7 +196,7 @@ fn read_signer_key(path: &Path) -> anyhow::Result<zeroize::Zeroizing<Vec<u8>>> {
         ))
         .with_context(ctx);
     }
-    Ok(pem)
+    Ok(signer)
 }
 
 /// Writes a public file (0644) under a temporary name, then renames it.
