@@ -216,6 +216,9 @@ fn a_signed_policy_survives_a_pcr_change_once_the_new_values_are_signed() {
         2,
         "old and new side by side"
     );
+    let show = String::from_utf8(plain(d, &["key", "show", "k"]).stdout).unwrap();
+    assert!(show.contains("(2 signed policies)"), "{show}");
+    assert!(show.contains("pcrs:        sha256:0,7"), "{show}");
     let r = tc(d, &t, &["decrypt", "-v", "-o", "-", "k.tpmc"]);
     assert_ok(&r, "decrypt after the new values were signed");
     assert_eq!(r.stdout, bytes(5000, 1));

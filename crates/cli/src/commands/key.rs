@@ -279,6 +279,9 @@ fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
         "pcrs:        {}",
         info.pcrs.as_deref().unwrap_or("none")
     ))?;
+    if let Some(line) = crate::commands::pcr::show_signer(store, name)? {
+        crate::ui::stdout::line(&line)?;
+    }
     crate::ui::stdout::line(&format!(
         "pin:         {}",
         if info.pin { "yes" } else { "no" }

@@ -324,6 +324,20 @@ pub fn create_key(
     }
 }
 
+/// `key show`'s line for a key under signed policies: its signer and how
+/// many policies it holds.
+pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String>> {
+    let (blob, _) = store.load(name)?;
+    Ok(match blob.signer()? {
+        Some(signer) => Some(format!(
+            "pcr signer:  {} ({} signed policies)",
+            signer.fingerprint()?,
+            blob.auth_policies.len()
+        )),
+        None => None,
+    })
+}
+
 /// `key add-policy NAME FILE…`: attaches signed policies to a key, each
 /// checked in software first (the key's signer, a valid signature, the
 /// key's PCR selection).
