@@ -772,6 +772,16 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
     assert!(!d.join("q.policy").exists());
     common::chmod(&d.join("s.key"), 0o600);
 
+    // A signer that is not there: named once.
+    let r = plain(
+        d,
+        &[
+            "pcr", "sign", "--signer", "none.key", "--pcrs", PCRS, "--values", "v.txt", "-o",
+            "x.policy",
+        ],
+    );
+    common::assert_error_line(&r, 1, Some("none.key"), &["no such file"], "missing signer");
+    assert_eq!(r.stderr.matches("none.key").count(), 1, "{}", r.stderr);
     // The public key given where the private one goes: said as such.
     let r = plain(
         d,

@@ -185,7 +185,8 @@ fn check_replaceable(out: &Path, force: bool) -> anyhow::Result<()> {
 fn read_signer_key(path: &Path) -> anyhow::Result<PcrSigner> {
     let ctx = || crate::ui::shown(path);
     let pem = zeroize::Zeroizing::new(
-        tpmcrypt_tpmkey::trust::read_private_file(path, "the PCR signer key").with_context(ctx)?,
+        // Its errors name the path already.
+        tpmcrypt_tpmkey::trust::read_private_file(path, "the PCR signer key")?,
     );
     let signer = PcrSigner::from_pem(&pem).map_err(|e| usage(format!("{}: {e}", ctx())))?;
     let mode = fs::metadata(path).with_context(ctx)?.permissions().mode();
