@@ -324,6 +324,7 @@ impl KeyBlob {
                 signer.fingerprint()?
             )));
         }
+        self.check_policy_ref(policy)?;
         policy.verify()?;
         let existing = self.signed_policies()?;
         // The same values signed by the key's signer (a planted copy by
@@ -347,6 +348,24 @@ impl KeyBlob {
             policy: policy.commands()?,
         });
         Ok(true)
+    }
+
+    /// A signed policy works only with the policyRef of the key's own
+    /// PolicyAuthorize (tpmcrypt's keys use an empty one; openssl_tpm2_engine
+    /// binds each key to a random one).
+    pub fn check_policy_ref(&self, policy: &signed::SignedPolicy) -> Result<()> {
+        let key_ref = match self.policy.first() {
+            Some(p) if p.command_code == TPM_CC_POLICY_AUTHORIZE => {
+                signed::parse_authorize(&p.command_policy)?.1
+            }
+            _ => Vec::new(),
+        };
+        if policy.policy_ref != key_ref {
+            return Err(Error::SignedPolicy(
+                "the policy is signed for another policyRef than the key's".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Keeps only the signed policies `keep` selects; returns how many went.
@@ -815,6 +834,27 @@ mod tests {
             let r = KeyBlob::from_der(&b.to_der());
             assert_eq!(r.is_ok(), ok, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_signed_policy_must_carry_the_keys_signer_and_policy_ref() {
+        let signer = crate::signed::PcrSigner::generate().unwrap();
+        let public = signer.public().unwrap();
+        let sel = PcrSelection::parse("sha256:7").unwrap();
+        let policy = signer.sign(&sel, &[vec![0; 32]]).unwrap();
+        let mut blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        blob.policy = vec![signed::authorize_command(&public, &[1; 32], &[0, 0x10]).unwrap()];
+        let err = blob.add_signed_policy(&policy).unwrap_err().to_string();
+        assert!(err.contains("policyRef"), "{err}");
+        blob.policy = vec![signed::key_authorize_command(&public).unwrap()];
+        assert!(blob.add_signed_policy(&policy).unwrap());
+        assert!(!blob.add_signed_policy(&policy).unwrap(), "twice: once");
+        let other = crate::signed::PcrSigner::generate().unwrap();
+        let err = blob
+            .add_signed_policy(&other.sign(&sel, &[vec![0; 32]]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("signer mismatch"), "{err}");
     }
 
     #[test]

@@ -497,7 +497,7 @@ impl Tpm {
                     signer.fingerprint()?
                 )))
             } else {
-                p.verify()
+                key.check_policy_ref(p).and_then(|()| p.verify())
             };
             match check {
                 Ok(()) => usable.push((i, p.clone())),
