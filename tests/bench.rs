@@ -109,9 +109,15 @@ fn quick_run_on_the_simulator() {
     assert_eq!(tpm["available"], true, "TPM part: {}", tpm["reason"]);
     assert_eq!(tpm["is_simulator"], true);
     assert_eq!(tpm["source"], "simulator");
-    assert_eq!(tpm["unbinds_performed"].as_u64(), Some(repeat * 2));
-    assert_eq!(tpm["unbind_count"].as_u64(), Some(repeat * 2));
-    assert_eq!(tpm["ops"].as_array().map(Vec::len), Some(4));
+    // Three unbinds a round: RSA, P-256, and P-256 under a signed PCR
+    // policy (measured beside the plain one).
+    assert_eq!(tpm["unbinds_performed"].as_u64(), Some(repeat * 3));
+    assert_eq!(tpm["unbind_count"].as_u64(), Some(repeat * 3));
+    assert_eq!(tpm["ops"].as_array().map(Vec::len), Some(5));
+    assert!(
+        stdout.contains("unbind_ecc_p256_signed"),
+        "the text report shows the signed-policy unbind: {stdout}"
+    );
     assert!(
         stdout.contains("SIMULATOR"),
         "the table must say it is a simulator"
@@ -280,6 +286,6 @@ fn simulator_from_the_environment() {
         .expect("valid JSON");
     validate(&doc);
     assert_eq!(doc["tpm"]["source"], "simulator");
-    assert_eq!(doc["tpm"]["unbinds_performed"], 2);
-    assert_eq!(doc["tpm"]["unbind_count"], 2);
+    assert_eq!(doc["tpm"]["unbinds_performed"], 3);
+    assert_eq!(doc["tpm"]["unbind_count"], 3);
 }

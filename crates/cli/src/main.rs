@@ -83,6 +83,8 @@ fn main() {
         Command::Bench(a) => commands::bench::run(a, &ui),
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Key(c) => commands::key::run(c, &ui),
+        Command::PcrSigner(c) => commands::pcr::run_signer(c),
+        Command::Pcr(c) => commands::pcr::run(c, &ui),
         Command::Agent(a) => commands::agent::run(a),
         Command::Doctor(a) => commands::doctor::run(a, &ui),
         Command::Completions { shell } => {

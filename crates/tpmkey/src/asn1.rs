@@ -86,7 +86,7 @@ pub(crate) struct TpmPolicy<'a> {
 }
 
 /// `TPMAuthPolicy`: a named policy that a signed (PolicyAuthorize) policy
-/// may stand for. Parsed so that its shape is checked; not yet supported.
+/// may stand for (see [`crate::signed`]).
 #[derive(Debug, Clone, PartialEq, Eq, Sequence)]
 pub(crate) struct TpmAuthPolicy<'a> {
     #[asn1(context_specific = "0", optional = "true")]
@@ -103,7 +103,7 @@ pub(crate) struct TpmAuthPolicy<'a> {
 /// always been: it silently skips a repeated or out-of-order optional field
 /// (`der`'s context-specific lookup passes over lower tag numbers), cannot
 /// name the field it refused ("unknown optional field [6]", an import
-/// secret, a signed policy), and refuses well-formed fields after `privkey`,
+/// secret), and refuses well-formed fields after `privkey`,
 /// which this reader accepts and ignores so that later revisions of the
 /// format stay readable.
 #[derive(Debug, Clone, PartialEq, Eq, Sequence)]
@@ -135,7 +135,7 @@ impl<'a> TpmKey<'a> {
     /// Decodes a whole key file (one SEQUENCE, nothing after it) the way
     /// the format's reader always has; see [`TpmKey`]. Refuses importable
     /// and sealed objects by their OID before reading further, and an
-    /// import secret or a signed policy once its shape has been read.
+    /// import secret or and reads signed policies (`[3]`).
     pub(crate) fn decode_strict(data: &'a [u8]) -> Result<Self, Asn1Error> {
         let mut outer = SliceReader::new(data)?;
         let header = Header::decode(&mut outer)?;
@@ -202,8 +202,15 @@ impl<'a> TpmKey<'a> {
                     return fail("key has an import secret; only loadable keys are supported");
                 }
                 3 => {
-                    self.auth_policy = Some(explicit(r)?);
-                    return fail("key uses signed (authorized) policies, which are not supported");
+                    let policies: Vec<TpmAuthPolicy<'a>> = explicit(r)?;
+                    if policies.len() > crate::signed::MAX_SIGNED_POLICIES
+                        || policies
+                            .iter()
+                            .any(|p| p.policy.len() > MAX_POLICY_COMMANDS)
+                    {
+                        return fail("too many signed policies or policy commands");
+                    }
+                    self.auth_policy = Some(policies);
                 }
                 4 => {
                     let description = explicit(r).map_err(|e| match e.kind() {
@@ -335,21 +342,23 @@ mod tests {
     }
 
     #[test]
-    fn auth_policy_is_parsed_then_refused() {
+    fn auth_policy_is_read_and_its_shape_checked() {
         let der = tools_key();
         let mut key = TpmKey::decode_strict(&der).unwrap();
-        key.auth_policy = Some(vec![TpmAuthPolicy {
+        let one = TpmAuthPolicy {
             name: Some(Utf8StringRef::new("signed").unwrap()),
             policy: vec![TpmPolicy {
                 command_code: 0x16B,
                 command_policy: OctetStringRef::new(&[]).unwrap(),
             }],
-        }]);
+        };
+        key.auth_policy = Some(vec![one.clone()]);
+        let encoded = key.to_der().unwrap();
+        let back = TpmKey::decode_strict(&encoded).unwrap();
+        assert_eq!(back.auth_policy, Some(vec![one.clone()]));
+        key.auth_policy = Some(vec![one; crate::signed::MAX_SIGNED_POLICIES + 1]);
         let msg = refusal(&key.to_der().unwrap());
-        assert_eq!(
-            msg,
-            "key uses signed (authorized) policies, which are not supported"
-        );
+        assert_eq!(msg, "too many signed policies or policy commands");
         // Not an authPolicy at all: said as a DER error, not as a policy.
         let msg = refusal(&with_fields(&[&[0xA3, 3, 1, 1, 0xFF]], &[]));
         assert!(msg.starts_with("DER: unexpected ASN.1 DER tag"), "{msg}");

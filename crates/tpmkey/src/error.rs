@@ -60,6 +60,16 @@ pub enum Error {
         pcrs: String,
     },
 
+    /// A key under a signed PCR policy has no signed policy that holds
+    /// now (the message names the PCRs that differ, with their values).
+    #[error("{0}")]
+    NoSignedPolicy(String),
+
+    /// A signed PCR policy that cannot be used: its signature is invalid,
+    /// it was signed by another signer than the key's, or it is malformed.
+    #[error("signed PCR policy refused: {0}")]
+    SignedPolicy(String),
+
     /// The PIN (authValue) was wrong.
     #[error(
         "wrong PIN for this key (TPM authorization failed). Repeated failures put the TPM into \
@@ -204,6 +214,8 @@ impl Error {
             Error::Unavailable { .. }
             | Error::ConnectionLost { .. }
             | Error::PcrMismatch { .. }
+            | Error::NoSignedPolicy(_)
+            | Error::SignedPolicy(_)
             | Error::WrongPin
             | Error::PinRejected { .. }
             | Error::Lockout { .. }

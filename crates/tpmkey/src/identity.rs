@@ -143,6 +143,14 @@ impl TpmAccess {
     pub fn unbind_count(&self) -> u64 {
         self.lock().as_ref().map_or(0, |c| c.tpm.unbind_count())
     }
+
+    /// The signed PCR policies unbinds used so far (see
+    /// [`Tpm::signed_policies_used`]).
+    pub fn signed_policies_used(&self) -> Vec<String> {
+        self.lock()
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.tpm.signed_policies_used().to_vec())
+    }
 }
 
 /// A PIN as a [`PinSource`] hands it over.

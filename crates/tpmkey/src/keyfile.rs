@@ -37,9 +37,10 @@ use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::structures::{EccScheme, HashScheme, Private, Public, PublicBuffer, RsaScheme};
 use tss_esapi::traits::{Marshall, UnMarshall};
 
-use crate::asn1::{self, Asn1Error, LaxBool, TpmKey, TpmPolicy, PEM_LABEL};
+use crate::asn1::{self, Asn1Error, LaxBool, TpmAuthPolicy, TpmKey, TpmPolicy, PEM_LABEL};
 use crate::error::{Error, Result};
 use crate::pcr::PcrSelection;
+use crate::signed::{self, TPM_CC_POLICY_AUTHORIZE};
 
 /// TPM_CC_PolicyPCR.
 pub const TPM_CC_POLICY_PCR: u32 = 0x0000_017F;
@@ -100,6 +101,16 @@ pub struct PolicyCommand {
     pub command_policy: Vec<u8>,
 }
 
+/// One `TPMAuthPolicy` of the key file's `authPolicy [3]`: a signed policy
+/// (see [`crate::signed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthPolicy {
+    /// Its name (`[0]`); tpmcrypt records the PCR values here.
+    pub name: Option<String>,
+    /// Its policy commands (PolicyPCR, then PolicyAuthorize).
+    pub policy: Vec<PolicyCommand>,
+}
+
 /// A TPM-wrapped key as stored in a key file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyBlob {
@@ -109,6 +120,8 @@ pub struct KeyBlob {
     pub empty_auth: bool,
     /// Policy commands to replay for keys with an authPolicy.
     pub policy: Vec<PolicyCommand>,
+    /// Signed policies (`[3]`) for a key whose policy is PolicyAuthorize.
+    pub auth_policies: Vec<AuthPolicy>,
     /// Free-text description (`[4]`), if any.
     pub description: Option<String>,
     /// The owner-hierarchy parent is an RSA primary rather than ECC (`[5]`).
@@ -192,10 +205,27 @@ impl KeyBlob {
                 command_code: p.command_code,
                 command_policy: p.command_policy.as_bytes().to_vec(),
             });
+        let commands = |list: Vec<TpmPolicy<'_>>| {
+            list.into_iter()
+                .map(|p| PolicyCommand {
+                    command_code: p.command_code,
+                    command_policy: p.command_policy.as_bytes().to_vec(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let auth_policies = key
+            .auth_policy
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| AuthPolicy {
+                name: a.name.map(|n| n.as_str().to_string()),
+                policy: commands(a.policy),
+            });
         let blob = KeyBlob {
             parent: key.parent,
             empty_auth: key.empty_auth.is_some_and(|b| b.0),
             policy: policy.collect(),
+            auth_policies: auth_policies.collect(),
             description: key.description.map(|d| d.as_str().to_string()),
             rsa_parent: key.rsa_parent.is_some_and(|b| b.0),
             public: key.pubkey.as_bytes().to_vec(),
@@ -228,12 +258,127 @@ impl KeyBlob {
                     parse_policy_pcr(&p.command_policy)?;
                 }
                 TPM_CC_POLICY_AUTH_VALUE => {}
+                TPM_CC_POLICY_AUTHORIZE => {
+                    signed::parse_authorize(&p.command_policy)?;
+                }
                 other => {
                     return kf(format!("unsupported policy command 0x{other:x}"));
                 }
             }
         }
+        self.check_signed()
+    }
+
+    /// A key's signed policies need a key whose policy starts with
+    /// PolicyAuthorize, and each must have the shape tpmcrypt satisfies.
+    /// Their signatures are checked where they are used.
+    fn check_signed(&self) -> Result<()> {
+        let signer = self.signer()?;
+        if signer.is_none() && !self.auth_policies.is_empty() {
+            return kf("signed policies ([3]) in a key whose policy is not PolicyAuthorize");
+        }
+        if self
+            .policy
+            .iter()
+            .skip(1)
+            .any(|p| p.command_code != TPM_CC_POLICY_AUTH_VALUE)
+            && signer.is_some()
+        {
+            return kf("PolicyAuthorize may be followed only by PolicyAuthValue");
+        }
+        self.signed_policies().map(|_| ())
+    }
+
+    /// The PCR signer of a key whose policy is PolicyAuthorize (its first
+    /// command), or `None`.
+    pub fn signer(&self) -> Result<Option<signed::SignerPublic>> {
+        match self.policy.first() {
+            Some(p) if p.command_code == TPM_CC_POLICY_AUTHORIZE => {
+                Ok(Some(signed::parse_authorize(&p.command_policy)?.0))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The signed policies the key file holds, as read (unverified).
+    pub fn signed_policies(&self) -> Result<Vec<signed::SignedPolicy>> {
+        self.auth_policies
+            .iter()
+            .map(|a| signed::SignedPolicy::from_commands(a.name.as_deref(), &a.policy))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| Error::KeyFile(format!("signed policy: {e}")))
+    }
+
+    /// Adds a signed policy once it is shown to be the key signer's (in
+    /// software). Returns false when an equal one is there already.
+    pub fn add_signed_policy(&mut self, policy: &signed::SignedPolicy) -> Result<bool> {
+        let Some(signer) = self.signer()? else {
+            return Err(Error::SignedPolicy(
+                "this key was not created with a PCR signer (key create --pcr-signer)".into(),
+            ));
+        };
+        if policy.signer != signer {
+            return Err(Error::SignedPolicy(format!(
+                "signer mismatch: the policy is signed by {}, the key trusts {}",
+                policy.signer.fingerprint()?,
+                signer.fingerprint()?
+            )));
+        }
+        self.check_policy_ref(policy)?;
+        policy.verify()?;
+        let existing = self.signed_policies()?;
+        // The same values signed by the key's signer (a planted copy by
+        // another signer does not count: it is never used).
+        if existing.iter().any(|p| {
+            p.selection == policy.selection
+                && p.pcr_digest == policy.pcr_digest
+                && p.signer == signer
+                && p.verify().is_ok()
+        }) {
+            return Ok(false);
+        }
+        if existing.len() >= signed::MAX_SIGNED_POLICIES {
+            return Err(Error::SignedPolicy(format!(
+                "the key holds {} signed policies already, the most a key file may",
+                existing.len()
+            )));
+        }
+        self.auth_policies.push(AuthPolicy {
+            name: Some(policy.label()),
+            policy: policy.commands()?,
+        });
+        Ok(true)
+    }
+
+    /// A signed policy works only with the policyRef of the key's own
+    /// PolicyAuthorize (tpmcrypt's keys use an empty one; openssl_tpm2_engine
+    /// binds each key to a random one).
+    pub fn check_policy_ref(&self, policy: &signed::SignedPolicy) -> Result<()> {
+        let key_ref = match self.policy.first() {
+            Some(p) if p.command_code == TPM_CC_POLICY_AUTHORIZE => {
+                signed::parse_authorize(&p.command_policy)?.1
+            }
+            _ => Vec::new(),
+        };
+        if policy.policy_ref != key_ref {
+            return Err(Error::SignedPolicy(
+                "the policy is signed for another policyRef than the key's".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Keeps only the signed policies `keep` selects; returns how many went.
+    pub fn retain_signed_policies(
+        &mut self,
+        mut keep: impl FnMut(&signed::SignedPolicy) -> bool,
+    ) -> Result<usize> {
+        let policies = self.signed_policies()?;
+        let before = self.auth_policies.len();
+        let mut it = policies.iter();
+        self.auth_policies
+            .retain(|_| it.next().is_some_and(&mut keep));
+        Ok(before - self.auth_policies.len())
     }
 
     /// Encodes DER: emptyAuth always, the policy when there is one, the
@@ -262,12 +407,35 @@ impl KeyBlob {
                 })
             })
             .collect::<der::Result<Vec<_>>>()?;
+        let auth_policy = self
+            .auth_policies
+            .iter()
+            .map(|a| {
+                Ok(TpmAuthPolicy {
+                    name: a
+                        .name
+                        .as_deref()
+                        .map(der::asn1::Utf8StringRef::new)
+                        .transpose()?,
+                    policy: a
+                        .policy
+                        .iter()
+                        .map(|p| {
+                            Ok(TpmPolicy {
+                                command_code: p.command_code,
+                                command_policy: der::asn1::OctetStringRef::new(&p.command_policy)?,
+                            })
+                        })
+                        .collect::<der::Result<Vec<_>>>()?,
+                })
+            })
+            .collect::<der::Result<Vec<_>>>()?;
         Ok(TpmKey {
             key_type: asn1::OID_LOADABLE_KEY,
             empty_auth: Some(LaxBool(self.empty_auth)),
             policy: (!policy.is_empty()).then_some(policy),
             secret: None,
-            auth_policy: None,
+            auth_policy: (!auth_policy.is_empty()).then_some(auth_policy),
             description: self
                 .description
                 .as_deref()
@@ -490,7 +658,7 @@ fn check_authorization(public: &Public, policy: &[PolicyCommand]) -> Result<()> 
 }
 
 /// The SHA-256 policy digest the commands give, from the all-zero start.
-fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
+pub(crate) fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
     use openssl::hash::{hash, MessageDigest};
     let mut digest = vec![0u8; 32];
     for p in policy {
@@ -505,6 +673,11 @@ fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
                 data.extend_from_slice(&pcr_digest);
             }
             TPM_CC_POLICY_AUTH_VALUE => {}
+            // PolicyAuthorize replaces the digest: H(H(0 || CC || name) || ref).
+            TPM_CC_POLICY_AUTHORIZE => {
+                digest = signed::authorize_digest(&p.command_policy)?;
+                continue;
+            }
             other => return kf(format!("unsupported policy command 0x{other:x}")),
         }
         digest = hash(MessageDigest::sha256(), &data)?.to_vec();
@@ -661,6 +834,27 @@ mod tests {
             let r = KeyBlob::from_der(&b.to_der());
             assert_eq!(r.is_ok(), ok, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_signed_policy_must_carry_the_keys_signer_and_policy_ref() {
+        let signer = crate::signed::PcrSigner::generate().unwrap();
+        let public = signer.public().unwrap();
+        let sel = PcrSelection::parse("sha256:7").unwrap();
+        let policy = signer.sign(&sel, &[vec![0; 32]]).unwrap();
+        let mut blob = KeyBlob::from_pem(TPM2_TOOLS_PEM).unwrap();
+        blob.policy = vec![signed::authorize_command(&public, &[1; 32], &[0, 0x10]).unwrap()];
+        let err = blob.add_signed_policy(&policy).unwrap_err().to_string();
+        assert!(err.contains("policyRef"), "{err}");
+        blob.policy = vec![signed::key_authorize_command(&public).unwrap()];
+        assert!(blob.add_signed_policy(&policy).unwrap());
+        assert!(!blob.add_signed_policy(&policy).unwrap(), "twice: once");
+        let other = crate::signed::PcrSigner::generate().unwrap();
+        let err = blob
+            .add_signed_policy(&other.sign(&sel, &[vec![0; 32]]).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("signer mismatch"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! * [`tpm`]       – the [`Tpm`] handle: SRK, key creation, unbind.
 //! * [`pcr`]       – PCR selections such as `sha256:0,7`.
 //! * [`probe`]     – read-only diagnostics (`tpmcrypt doctor`) as plain data.
+//! * [`signed`]    – signed PCR policies (PolicyAuthorize) and PCR signers.
 //! * [`keyfile`]   – [`KeyBlob`] ⇄ `TSS2 PRIVATE KEY` PEM, public key export.
 //! * [`keystore`]  – a directory of named keys.
 //! * [`identity`]  – TPM keys as the cipher crate's identities and
@@ -47,6 +48,7 @@ pub mod keyfile;
 pub mod keystore;
 pub mod pcr;
 pub mod probe;
+pub mod signed;
 pub mod simulator;
 pub mod tcti;
 pub mod tpm;

@@ -89,6 +89,12 @@ pub enum Command {
     /// missing capability: 4 no TPM, 8 algorithms, 16 lockout, 32 keys,
     /// 64 PCR policy, 128 agent (docs/doctor.md).
     Doctor(crate::commands::doctor::DoctorArgs),
+    /// Make a PCR signer (signs PCR policies for keys made with --pcr-signer).
+    #[command(subcommand, name = "pcr-signer")]
+    PcrSigner(crate::commands::pcr::PcrSignerCommand),
+    /// Signed PCR policies: sign PCR values for keys made with --pcr-signer.
+    #[command(subcommand)]
+    Pcr(crate::commands::pcr::PcrCommand),
     /// Print a shell completion script.
     Completions {
         /// Shell to generate for.

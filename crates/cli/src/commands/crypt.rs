@@ -400,6 +400,11 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     if ui.verbose && access.is_open() {
         eprintln!("tpmcrypt: TPM {}", crate::tpm::describe(ui, &access));
     }
+    if ui.verbose {
+        for used in access.signed_policies_used() {
+            eprintln!("tpmcrypt: the TPM key was used under its {used}");
+        }
+    }
     finish(
         summary,
         &plan,

@@ -57,6 +57,15 @@ pub enum KeyCommand {
         /// Key name.
         name: String,
     },
+    /// Attach signed PCR policies (tpmcrypt pcr sign -o FILE) to a key
+    /// created with --pcr-signer; decrypt uses the one that holds.
+    AddPolicy {
+        /// Key name.
+        name: String,
+        /// Signed policy files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Delete a key. Files encrypted only to it become unreadable.
     Delete {
         /// Key name.
@@ -110,6 +119,11 @@ pub struct CreateArgs {
     /// Seal the key's use to the current values of these PCRs, e.g. sha256:0,7.
     #[arg(long, value_name = "BANK:LIST", value_parser = crate::args::value::pcrs_value)]
     pub pcrs: Option<String>,
+    /// Let the key be used under any PCR policy this signer signs (its
+    /// public key, as pcr-signer create prints it) instead of fixing PCR
+    /// values now; --pcrs names the PCRs its policies cover.
+    #[arg(long, value_name = "FILE", requires = "pcrs")]
+    pub pcr_signer: Option<PathBuf>,
     /// Require a PIN (from --pin-file, a systemd credential, TPMCRYPT_PIN,
     /// the terminal or TPMCRYPT_ASKPASS; see `decrypt --help`).
     #[arg(long)]
@@ -147,6 +161,9 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             Ok(crate::ui::exit::OK)
         }
         KeyCommand::Delete { name, yes } => delete(&store, name, *yes),
+        KeyCommand::AddPolicy { name, files } => {
+            crate::commands::pcr::add_policies(&store, name, files)
+        }
     }
 }
 
@@ -262,6 +279,9 @@ fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
         "pcrs:        {}",
         info.pcrs.as_deref().unwrap_or("none")
     ))?;
+    if let Some(line) = crate::commands::pcr::show_signer(store, name)? {
+        crate::ui::stdout::line(&line)?;
+    }
     crate::ui::stdout::line(&format!(
         "pin:         {}",
         if info.pin { "yes" } else { "no" }
@@ -356,6 +376,11 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     let pcrs = args.pcrs.as_deref().map(PcrSelection::parse).transpose()?;
     // Recovery recipients are checked before the (slow) TPM work.
     let recovery = recovery_recipients(&args.recovery)?;
+    let signer = args
+        .pcr_signer
+        .as_deref()
+        .map(crate::commands::pcr::read_signer)
+        .transpose()?;
     let pin = new_pin(args, ui)?;
     let alg = match args.alg {
         AlgArg::Rsa2048 => KeyAlg::Rsa2048,
@@ -367,7 +392,8 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         let info = tpm.info()?;
         let srk_name = tpm.srk_name()?;
         let start = Instant::now();
-        let blob = tpm.create_key(alg, pcrs.as_ref(), pin.as_deref().map(|p| &p[..]))?;
+        let pin = pin.as_deref().map(|p| &p[..]);
+        let blob = crate::commands::pcr::create_key(tpm, alg, pcrs.as_ref(), signer.as_ref(), pin)?;
         Ok((blob, start.elapsed(), info, srk_name))
     })?;
     let mut meta = KeyMeta::for_key(&args.name, &blob)?;
@@ -378,6 +404,9 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
     ));
     meta.simulator = simulator || info.is_simulator;
     meta.recovery = recovery;
+    if signer.is_some() {
+        meta.pcrs = pcrs.as_ref().map(|s| s.to_string());
+    }
     store.save(&args.name, &blob, &meta, args.force)?;
     let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
     crate::ui::stdout::line(&format!(

@@ -7,6 +7,7 @@ pub mod crypt;
 pub mod doctor;
 pub mod inspect;
 pub mod key;
+pub mod pcr;
 pub mod recovery;
 pub mod rekey;
 pub mod watch;

@@ -69,6 +69,8 @@ pub struct Tpm {
     ctx: Context,
     tcti: Tcti,
     unbinds: u64,
+    /// The signed policies unbinds used (see [`Tpm::signed_policies_used`]).
+    signed_used: Vec<String>,
     /// Set once the connection broke (command, cause): ESYS cannot go on
     /// after a TCTI failure, so later calls report the loss again instead
     /// of an ESYS sequence error.
@@ -139,6 +141,7 @@ impl Tpm {
             ctx,
             tcti: tcti.clone(),
             unbinds: 0,
+            signed_used: Vec::new(),
             lost: None,
         };
         // Probe; simulators that were not started need TPM2_Startup.
@@ -249,15 +252,51 @@ impl Tpm {
         pcrs: Option<&PcrSelection>,
         pin: Option<&[u8]>,
     ) -> Result<KeyBlob> {
+        let has_pin = pin_auth(pin)?.is_some();
+        self.create_with(alg, pin, pcrs.is_none(), |ctx| match pcrs {
+            Some(sel) => policy::build_policy(ctx, sel, has_pin),
+            None => Ok((Digest::default(), Vec::new())),
+        })
+    }
+
+    /// Creates a new decryption key whose policy is PolicyAuthorize by
+    /// `signer` (then PolicyAuthValue with a `pin`): it is used under any
+    /// PCR policy the signer signs, and under no other (see
+    /// [`crate::signed`]). Its authPolicy is computed in software.
+    pub fn create_key_signed(
+        &mut self,
+        alg: KeyAlg,
+        signer: &crate::signed::SignerPublic,
+        pin: Option<&[u8]>,
+    ) -> Result<KeyBlob> {
+        let mut commands = vec![crate::signed::key_authorize_command(signer)?];
+        if pin_auth(pin)?.is_some() {
+            commands.push(crate::keyfile::PolicyCommand {
+                command_code: crate::keyfile::TPM_CC_POLICY_AUTH_VALUE,
+                command_policy: Vec::new(),
+            });
+        }
+        let digest = crate::keyfile::policy_digest(&commands)?;
+        let digest = Digest::try_from(digest).map_err(|e| Error::Tpm {
+            op: "policy digest",
+            detail: e.to_string(),
+        })?;
+        self.create_with(alg, pin, false, move |_| Ok((digest, commands)))
+    }
+
+    fn create_with(
+        &mut self,
+        alg: KeyAlg,
+        pin: Option<&[u8]>,
+        user_with_auth: bool,
+        policy: impl FnOnce(&mut Context) -> Result<(Digest, Vec<crate::keyfile::PolicyCommand>)>,
+    ) -> Result<KeyBlob> {
         let auth = pin_auth(pin)?;
         let has_pin = auth.is_some();
         self.alive()?;
         let r = srk::with_default_srk(&mut self.ctx, |ctx, srk| {
-            let (auth_policy, commands) = match pcrs {
-                Some(sel) => policy::build_policy(ctx, sel, has_pin)?,
-                None => (Digest::default(), Vec::new()),
-            };
-            let template = key_template(alg, auth_policy, pcrs.is_none(), has_pin)?;
+            let (auth_policy, commands) = policy(ctx)?;
+            let template = key_template(alg, auth_policy, user_with_auth, has_pin)?;
             // Salted session with decrypt: the PIN inside inSensitive is
             // encrypted on the wire.
             let created = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
@@ -270,6 +309,7 @@ impl Tpm {
                 parent: srk.parent,
                 empty_auth: !has_pin,
                 policy: commands,
+                auth_policies: Vec::new(),
                 description: None,
                 rsa_parent: srk.rsa && srk.parent == crate::keyfile::PARENT_OWNER_PRIMARY,
                 public: marshal_tpm2b_public(&created.out_public)?,
@@ -399,6 +439,10 @@ impl Tpm {
         let pcrs_text = key.pcr_policy()?.map(|(s, _)| s.to_string());
         let pcrs_text = pcrs_text.as_deref();
         self.alive()?;
+        let chosen = match self.choose_signed(key) {
+            Ok(c) => c,
+            Err(e) => return self.finish(Err(e)),
+        };
         let Tpm { ctx, unbinds, .. } = self;
         let r = srk::with_srk_for(ctx, key.parent, key.rsa_parent, |ctx, srk| {
             let key_handle = with_salted_session(ctx, srk.handle, SessionType::Hmac, |ctx, s| {
@@ -416,8 +460,10 @@ impl Tpm {
                     SessionType::Hmac
                 };
                 with_salted_session(ctx, srk.handle, ty, |ctx, s| {
-                    if needs_policy {
-                        policy::apply(ctx, s, &key.policy, pcrs_text)?;
+                    match &chosen {
+                        Some((p, _)) => policy::apply_signed(ctx, s, p, &key.policy[1..])?,
+                        None if needs_policy => policy::apply(ctx, s, &key.policy, pcrs_text)?,
+                        None => {}
                     }
                     *unbinds += 1;
                     ctx.execute_with_session(Some(s), |c| op(c, key_handle))
@@ -425,6 +471,75 @@ impl Tpm {
                 })
             })
         });
+        self.finish(r)
+    }
+
+    /// For a key under signed policies: the one that holds now, checked in
+    /// software first (signer, signature) and matched against the PCR
+    /// values read from the TPM, so nothing that would fail reaches the
+    /// key's authorization. Records which was used.
+    fn choose_signed(
+        &mut self,
+        key: &KeyBlob,
+    ) -> Result<Option<(crate::signed::SignedPolicy, String)>> {
+        let Some(signer) = key.signer()? else {
+            return Ok(None);
+        };
+        let all = key.signed_policies()?;
+        let mut usable = Vec::new();
+        let mut refusal = None;
+        for (i, p) in all.iter().enumerate() {
+            let check = if p.signer != signer {
+                Err(Error::SignedPolicy(format!(
+                    "signer mismatch: signed policy {} of the key file is signed by {}, the key \
+                     trusts {}",
+                    i + 1,
+                    p.signer.fingerprint()?,
+                    signer.fingerprint()?
+                )))
+            } else {
+                key.check_policy_ref(p).and_then(|()| p.verify())
+            };
+            match check {
+                Ok(()) => usable.push((i, p.clone())),
+                Err(e) => refusal = refusal.or(Some(e)),
+            }
+        }
+        if let (true, Some(e)) = (usable.is_empty(), refusal) {
+            return Err(e);
+        }
+        let policies: Vec<_> = usable.iter().map(|(_, p)| p.clone()).collect();
+        let mut read: Vec<(PcrSelection, Vec<Vec<u8>>)> = Vec::new();
+        let ctx = &mut self.ctx;
+        let chosen = crate::signed::choose(&policies, |sel| {
+            if let Some((_, v)) = read.iter().find(|(s, _)| s == sel) {
+                return Ok(v.clone());
+            }
+            let v = policy::pcr_values(ctx, sel)?;
+            read.push((sel.clone(), v.clone()));
+            Ok(v)
+        })?;
+        let at = policies.iter().position(|p| p == chosen).unwrap_or(0);
+        let text = format!(
+            "signed policy {} of {} ({})",
+            usable[at].0 + 1,
+            all.len(),
+            chosen.selection
+        );
+        self.signed_used.push(text.clone());
+        Ok(Some((chosen.clone(), text)))
+    }
+
+    /// The signed policies unbinds used so far, as "signed policy 2 of 3
+    /// (sha256:0,7)".
+    pub fn signed_policies_used(&self) -> &[String] {
+        &self.signed_used
+    }
+
+    /// The values of the PCRs of `sel` now, ascending.
+    pub fn pcr_values(&mut self, sel: &PcrSelection) -> Result<Vec<Vec<u8>>> {
+        self.alive()?;
+        let r = policy::pcr_values(&mut self.ctx, sel);
         self.finish(r)
     }
 

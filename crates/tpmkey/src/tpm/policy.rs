@@ -9,23 +9,34 @@
 //! itself with TPM_RC_VALUE when PCRs changed, which we report precisely.
 
 use openssl::hash::{Hasher, MessageDigest};
+use tss_esapi::interface_types::resource_handles::Hierarchy;
 use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
-use tss_esapi::structures::{Digest, PcrSelectionList};
+use tss_esapi::structures::{Digest, Name, Nonce, PcrSelectionList};
 use tss_esapi::Context;
 
 use super::rc::{classify, Op};
-use super::scope::with_trial_session;
+use super::scope::{with_object, with_trial_session};
 use crate::error::{Error, Result};
 use crate::keyfile::{
     parse_policy_pcr, policy_pcr_command, PolicyCommand, TPM_CC_POLICY_AUTH_VALUE,
     TPM_CC_POLICY_PCR,
 };
 use crate::pcr::PcrSelection;
+use crate::signed::SignedPolicy;
 
 /// Reads the selected PCRs and returns SHA-256 over their concatenated
 /// values (the `pcrDigest` of TPM2_PolicyPCR for a SHA-256 policy session).
 pub(crate) fn pcr_digest(ctx: &mut Context, sel: &PcrSelection) -> Result<Vec<u8>> {
     let mut hasher = Hasher::new(MessageDigest::sha256())?;
+    for value in pcr_values(ctx, sel)? {
+        hasher.update(&value)?;
+    }
+    Ok(hasher.finish()?.to_vec())
+}
+
+/// Reads the selected PCRs, ascending.
+pub(crate) fn pcr_values(ctx: &mut Context, sel: &PcrSelection) -> Result<Vec<Vec<u8>>> {
+    let mut values = Vec::new();
     // PCR_Read returns at most 8 digests per call; read one PCR at a time
     // so the concatenation order is unambiguous (ascending index).
     for idx in sel.indices() {
@@ -37,9 +48,46 @@ pub(crate) fn pcr_digest(ctx: &mut Context, sel: &PcrSelection) -> Result<Vec<u8
             op: "PCR_Read",
             detail: format!("the TPM has no PCR {idx} in the {} bank", sel),
         })?;
-        hasher.update(value.value())?;
+        values.push(value.value().to_vec());
     }
-    Ok(hasher.finish()?.to_vec())
+    Ok(values)
+}
+
+/// Satisfies a signed policy in `session`: PolicyPCR with the signed
+/// digest, the signer loaded (public part only, owner hierarchy: a ticket
+/// from the NULL hierarchy is not accepted by PolicyAuthorize) to verify
+/// the signature, PolicyAuthorize with the ticket, then the key's own
+/// commands after its PolicyAuthorize (`rest`: PolicyAuthValue).
+pub(crate) fn apply_signed(
+    ctx: &mut Context,
+    session: AuthSession,
+    policy: &SignedPolicy,
+    rest: &[PolicyCommand],
+) -> Result<()> {
+    let ps = policy_session(session)?;
+    let bad = |e: tss_esapi::Error| Error::SignedPolicy(e.to_string());
+    let pcrs = policy.selection.to_string();
+    let list: PcrSelectionList = policy.selection.to_tss()?;
+    let digest = Digest::try_from(policy.pcr_digest.clone()).map_err(bad)?;
+    ctx.execute_without_session(|c| c.policy_pcr(ps, digest, list))
+        .map_err(|e| classify(Op::PolicyPcr, e, Some(&pcrs)))?;
+    let signer = ctx
+        .execute_without_session(|c| {
+            c.load_external_public(policy.signer.public().clone(), Hierarchy::Owner)
+        })
+        .map_err(|e| classify(Op::Other("LoadExternal (PCR signer)"), e, None))?;
+    let ahash = Digest::try_from(policy.signed_digest()?).map_err(bad)?;
+    let signature = policy.signature.clone();
+    let ticket = with_object(ctx, signer, |ctx| {
+        ctx.execute_without_session(|c| c.verify_signature(signer, ahash, signature))
+            .map_err(|e| classify(Op::Other("VerifySignature"), e, None))
+    })?;
+    let approved = Digest::try_from(policy.approved_policy()?).map_err(bad)?;
+    let policy_ref = Nonce::try_from(policy.policy_ref.clone()).map_err(bad)?;
+    let name = Name::try_from(policy.signer.name()?).map_err(bad)?;
+    ctx.execute_without_session(|c| c.policy_authorize(ps, approved, policy_ref, &name, ticket))
+        .map_err(|e| classify(Op::Other("PolicyAuthorize"), e, None))?;
+    apply(ctx, session, rest, None)
 }
 
 /// Computes (authPolicy digest, policy commands for the key file).

@@ -32,7 +32,8 @@ pub enum Source {
 /// One timed TPM operation.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Op {
-    /// `create_rsa2048`, `create_ecc_p256`, `unbind_rsa2048`, `unbind_ecc_p256`.
+    /// `create_rsa2048`, `create_ecc_p256`, `unbind_rsa2048`, `unbind_ecc_p256`,
+    /// `unbind_ecc_p256_signed` (under a signed PCR policy on sha256:0,7).
     pub name: String,
     /// Timings.
     #[serde(flatten)]
@@ -60,7 +61,8 @@ pub struct TpmResult {
     pub is_simulator: Option<bool>,
     /// Timed operations.
     pub ops: Vec<Op>,
-    /// Unbinds this benchmark performed (repeat × 2 algorithms).
+    /// Unbinds this benchmark performed (repeat × 3: RSA, P-256, P-256
+    /// under a signed PCR policy).
     pub unbinds_performed: u64,
     /// Unbind commands the `Tpm` handle counted (`Tpm::unbind_count`).
     pub unbind_count: u64,
@@ -104,6 +106,39 @@ fn ecdh_software(blob: &KeyBlob) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
     let mut d = Deriver::new(&eph)?;
     d.set_peer(&peer)?;
     Ok((point, d.derive_to_vec()?))
+}
+
+/// A P-256 key under a signed PCR policy (a signer made here, the
+/// current values of sha256:0,7 signed and attached).
+fn signed_key(tpm: &mut Tpm) -> anyhow::Result<KeyBlob> {
+    let signer = tpmcrypt_tpmkey::signed::PcrSigner::generate()?;
+    let mut blob = tpm.create_key_signed(KeyAlg::EccP256, &signer.public()?, None)?;
+    let sel = tpmcrypt_tpmkey::PcrSelection::parse("sha256:0,7")?;
+    let values = tpm.pcr_values(&sel)?;
+    blob.add_signed_policy(&signer.sign(&sel, &values)?)?;
+    Ok(blob)
+}
+
+/// One timed ECDH unbind with `key` (software preparation timed apart).
+fn timed_ecdh(
+    tpm: &mut Tpm,
+    key: &KeyBlob,
+    prepare: &mut Vec<f64>,
+    res: &mut TpmResult,
+) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let (point, z) = ecdh_software(key)?;
+    prepare.push(ms(t));
+    res.unbinds_performed += 1;
+    let t = Instant::now();
+    let tz = tpm
+        .ecdh_zgen(key, None, &point)
+        .context("ECC unbind (TPM2_ECDH_ZGen)")?;
+    let took = ms(t);
+    if tz[..] != z[..] {
+        bail!("the TPM's ECDH returned the wrong shared secret");
+    }
+    Ok(took)
 }
 
 fn ms(t: Instant) -> f64 {
@@ -178,10 +213,12 @@ fn measure(
         "create_ecc_p256",
         "unbind_rsa2048",
         "unbind_ecc_p256",
+        "unbind_ecc_p256_signed",
     ];
-    let mut samples: [Vec<f64>; 4] = Default::default();
+    let mut samples: [Vec<f64>; 5] = Default::default();
     let mut prepare = Vec::new();
-    for _ in 0..repeat {
+    let signed = signed_key(tpm).context("a P-256 key under a signed PCR policy")?;
+    for round in 0..repeat {
         let t = Instant::now();
         let rsa = tpm
             .create_key(KeyAlg::Rsa2048, None, None)
@@ -211,19 +248,17 @@ fn measure(
         }
         tick("TPM: RSA unbind");
 
-        let t = Instant::now();
-        let (point, z) = ecdh_software(&ecc)?;
-        prepare.push(ms(t));
-        res.unbinds_performed += 1;
-        let t = Instant::now();
-        let tz = tpm
-            .ecdh_zgen(&ecc, None, &point)
-            .context("ECC unbind (TPM2_ECDH_ZGen)")?;
-        samples[3].push(ms(t));
-        if tz[..] != z[..] {
-            bail!("the TPM's ECDH returned the wrong shared secret");
+        // The plain and the signed-policy unbind alternate which goes first.
+        let order = if round % 2 == 0 { [3, 4] } else { [4, 3] };
+        for which in order {
+            let key = if which == 3 { &ecc } else { &signed };
+            samples[which].push(timed_ecdh(tpm, key, &mut prepare, res)?);
+            tick(if which == 3 {
+                "TPM: ECC unbind"
+            } else {
+                "TPM: ECC unbind, signed policy"
+            });
         }
-        tick("TPM: ECC unbind");
     }
     res.ops = names
         .iter()
