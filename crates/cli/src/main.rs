@@ -14,7 +14,7 @@ mod statsfile;
 mod tpm;
 mod ui;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
 use crate::ui::{exit, stdout, Ui};
@@ -26,7 +26,7 @@ fn main() {
     if std::env::var_os("TSS2_LOG").is_none() {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
@@ -34,16 +34,19 @@ fn main() {
             // (exit 2): those are printed whole.
             if !e.use_stderr() {
                 if let Err(err) = stdout::ensure_open() {
-                    eprintln!("error: {}", ui::one_line(&err));
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
-                let text = e.render().to_string();
+                let text = match ui::colour::stdout() {
+                    true => e.render().ansi().to_string(),
+                    false => e.render().to_string(),
+                };
                 if let Err(err) = stdout::write_all(text.as_bytes()) {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
                     }
-                    eprintln!("error: {}", ui::one_line(&err));
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 std::process::exit(exit::OK);
@@ -51,7 +54,7 @@ fn main() {
             if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 let _ = e.print();
             } else {
-                eprintln!("{}", args::usage_error_line(&e));
+                eprintln!("{}", ui::colour::error_line(&args::usage_error_line(&e)));
             }
             std::process::exit(exit::USAGE);
         }
@@ -83,9 +86,17 @@ fn main() {
         Ok(code) => code,
         Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
         Err(err) => {
-            eprintln!("error: {}", ui::one_line(&err));
+            eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
             exit::code_for(&err)
         }
     };
     std::process::exit(code);
+}
+
+/// The command line, parsed with clap's colour set by the one decision
+/// ([`ui::colour`]).
+fn parse() -> Result<Cli, clap::Error> {
+    let mut cmd = Cli::command().color(ui::colour::clap_choice());
+    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
 }

@@ -158,6 +158,9 @@ mod tests {
 }
 
 #[cfg(test)]
+mod grammar_tests;
+
+#[cfg(test)]
 mod range_tests {
     use super::*;
 

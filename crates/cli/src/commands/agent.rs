@@ -53,7 +53,8 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
     eprintln!(
-        "warning: not using the agent: {}",
+        "{} not using the agent: {}",
+        crate::ui::colour::warning(),
         crate::ui::printable(&e.to_string())
     );
 }
