@@ -207,6 +207,19 @@ fn json_is_a_flag_and_files_take_json_file() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("'out.json'"), "{}", r.stderr);
     assert!(!d.path().join("out.json").exists());
+
+    // Two report files at one path: the second would silently replace the
+    // first after a run of minutes; refused before any work.
+    for (a, b) in [
+        ("--json-file", "--csv"),
+        ("--csv", "--plot"),
+        ("--json-file", "--plot"),
+    ] {
+        let r = run(d.path(), &["bench", a, "r.svg", b, "./r.svg", "--no-peers"]);
+        assert_eq!(r.code, 2, "{a} {b}: {}", r.stderr);
+        assert!(r.stderr.contains("same file"), "{}", r.stderr);
+        assert!(!d.path().join("r.svg").exists());
+    }
 }
 
 fn assert_rfc3339(text: &str, what: &str) {

@@ -33,7 +33,7 @@ mod stats;
 mod sysinfo;
 mod tpm;
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -178,6 +178,25 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
 
 /// Usage errors the flags' parsers cannot see.
 fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
+    // Report files are written after a run of minutes: two of them at one
+    // path would silently leave only the last.
+    let outputs = [
+        ("--json-file", &args.json_file),
+        ("--csv", &args.csv),
+        ("--plot", &args.plot),
+    ];
+    for (i, (a, pa)) in outputs.iter().enumerate() {
+        for (b, pb) in &outputs[i + 1..] {
+            if let (Some(pa), Some(pb)) = (pa, pb) {
+                if same_path(pa, pb) {
+                    return Err(crate::ui::exit::usage(format!(
+                        "{a} and {b} name the same file ({}): each report needs its own",
+                        crate::ui::shown(pa)
+                    )));
+                }
+            }
+        }
+    }
     if let Some(p) = &args.plot {
         let ok = p
             .extension()
@@ -190,6 +209,24 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether two report paths are one file: the same existing file, or the
+/// same path once `.` components are dropped (neither exists yet).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => {
+            use std::os::unix::fs::MetadataExt;
+            ma.dev() == mb.dev() && ma.ino() == mb.ino()
+        }
+        _ => {
+            let norm = |p: &Path| {
+                let parts = p.components().filter(|c| *c != Component::CurDir);
+                parts.collect::<PathBuf>()
+            };
+            norm(a) == norm(b)
+        }
+    }
 }
 
 fn default_sizes(quick: bool) -> Vec<u64> {
