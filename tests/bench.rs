@@ -84,7 +84,7 @@ fn quick_run_on_the_simulator() {
             "--repeat",
             &repeat.to_string(),
         ])
-        .arg("--json")
+        .arg("--json-file")
         .arg(&json)
         .arg("--csv")
         .arg(&csv)
@@ -230,7 +230,7 @@ fn unreachable_tpm_is_reported_and_the_rest_still_runs() {
             "--chip",
             "typical",
         ])
-        .arg("--json")
+        .arg("--json-file")
         .arg(&json)
         .arg("--plot")
         .arg(&png)
@@ -275,6 +275,7 @@ fn simulator_from_the_environment() {
             "--no-peers",
         ])
         .arg("--json")
+        .arg("--json-file")
         .arg(&json)
         .env("TPMCRYPT_SIMULATOR", "1")
         .env_remove("TPMCRYPT_TCTI")
@@ -285,6 +286,11 @@ fn simulator_from_the_environment() {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
         .expect("valid JSON");
     validate(&doc);
+    // --json is a flag: stdout is the same document, and nothing else (the
+    // table goes to stderr).
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("--json prints JSON alone");
+    assert_eq!(printed, doc, "--json and --json-file differ");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SIMULATOR"));
     assert_eq!(doc["tpm"]["source"], "simulator");
     assert_eq!(doc["tpm"]["unbinds_performed"], 3);
     assert_eq!(doc["tpm"]["unbind_count"], 3);

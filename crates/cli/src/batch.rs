@@ -259,7 +259,8 @@ fn commit<T: Send>(
     // a failure here is only reported.
     for (dir, e) in sync_dirs(&removed_from) {
         eprintln!(
-            "warning: {}: the removal of originals may not be durable yet: {e}",
+            "{} {}: the removal of originals may not be durable yet: {e}",
+            crate::ui::colour::warning(),
             crate::ui::shown(&dir)
         );
     }

@@ -183,7 +183,8 @@ pub fn keystore_identities(
     // damaged key file, is named in a warning and left out, and never
     // blocks an identity given with -i (the way back when the TPM is gone).
     let warn = |what: String, e: &dyn std::fmt::Display| {
-        eprintln!("warning: {what}: {}", crate::ui::printable(&e.to_string()));
+        let warning = crate::ui::colour::warning();
+        eprintln!("{warning} {what}: {}", crate::ui::printable(&e.to_string()));
     };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
     match tpmcrypt_tpmkey::identity::keystore_identities(&store, access, &pins) {

@@ -30,11 +30,7 @@ fn main() {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
     // The matches say where --tpm's value came from (flag or TPMCRYPT_TCTI).
-    let parsed = Cli::command().try_get_matches().and_then(|m| {
-        let tpm_from_env = m.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
-        Cli::from_arg_matches(&m).map(|cli| (cli, tpm_from_env))
-    });
-    let (cli, tpm_from_env) = match parsed {
+    let (cli, tpm_from_env) = match parse() {
         Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
@@ -42,16 +38,19 @@ fn main() {
             // (exit 2): those are printed whole.
             if !e.use_stderr() {
                 if let Err(err) = stdout::ensure_open() {
-                    eprintln!("error: {}", ui::one_line(&err));
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
-                let text = e.render().to_string();
+                let text = match ui::colour::stdout() {
+                    true => e.render().ansi().to_string(),
+                    false => e.render().to_string(),
+                };
                 if let Err(err) = stdout::write_all(text.as_bytes()) {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
                     }
-                    eprintln!("error: {}", ui::one_line(&err));
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 std::process::exit(exit::OK);
@@ -59,7 +58,7 @@ fn main() {
             if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 let _ = e.print();
             } else {
-                eprintln!("{}", args::usage_error_line(&e));
+                eprintln!("{}", ui::colour::error_line(&args::usage_error_line(&e)));
             }
             std::process::exit(exit::USAGE);
         }
@@ -97,9 +96,20 @@ fn main() {
         Ok(code) => code,
         Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
         Err(err) => {
-            eprintln!("error: {}", ui::one_line(&err));
+            eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
             exit::code_for(&err)
         }
     };
     std::process::exit(code);
+}
+
+/// The command line, parsed with clap's colour set by the one decision
+/// ([`ui::colour`]), and whether `--tpm`'s value came from `TPMCRYPT_TCTI`.
+fn parse() -> Result<(Cli, bool), clap::Error> {
+    let mut cmd = Cli::command().color(ui::colour::clap_choice());
+    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let tpm_from_env = matches.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
+    Cli::from_arg_matches_mut(&mut matches)
+        .map(|cli| (cli, tpm_from_env))
+        .map_err(|e| e.format(&mut cmd))
 }

@@ -186,6 +186,9 @@ mod tests {
 }
 
 #[cfg(test)]
+mod grammar_tests;
+
+#[cfg(test)]
 mod range_tests {
     use super::*;
 

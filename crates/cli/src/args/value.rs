@@ -84,12 +84,14 @@ pub fn pcrs_value(s: &str) -> Result<String, String> {
 const DURATION_UNITS: &[&str] = &["ms", "s", "sec", "m", "min", "h", "d"];
 
 /// The forms a duration may take, for error messages.
-const DURATION_FORMS: &str =
-    "a number and a unit (ms, s, m, h or d), e.g. 200ms, 1.5s, 10m, 1h30m, 7d";
+const DURATION_FORMS: &str = "a number and a unit (ms, s, m, h or d), e.g. 200ms, 1.5s, 10m, \
+                              1h30m, 7d; a bare number is seconds";
 
 /// A duration flag (`--settle`, `--stats-interval`, `--rotate`, `--ttl`,
-/// the load generator's): the one grammar every command uses, parsed by
-/// `humantime` ("200ms", "1.5s", "1h30m", "1h 30m", "0").
+/// `bench --unbind`, the load generator's): the one grammar every command
+/// uses, parsed by `humantime` ("200ms", "1.5s", "1h30m", "1h 30m", "0"),
+/// and a bare number is seconds ("45", "1.5"), for every flag alike (as
+/// `--ttl` always took it, and as systemd reads a time span).
 ///
 /// A thin layer over the crate, because humantime also knows weeks,
 /// months and years (and spellings such as "nsec") that tpmcrypt never
@@ -98,6 +100,9 @@ const DURATION_FORMS: &str =
 pub fn duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
     let bad = |why: &dyn std::fmt::Display| format!("{text:?}: {why}; expected {DURATION_FORMS}");
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return humantime::parse_duration(&format!("{t}s")).map_err(|e| bad(&e));
+    }
     let units = t
         .split(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace())
         .filter(|u| !u.is_empty());
@@ -109,8 +114,7 @@ pub fn duration(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(t).map_err(|e| bad(&e))
 }
 
-/// `--ttl DURATION`: a [`duration`], or a bare number of seconds ("45"),
-/// and never zero. Checked as it is parsed; the text itself is kept, as
+/// `--ttl DURATION`: a [`duration`] ("15m", or "45" seconds), never zero. Checked as it is parsed; the text itself is kept, as
 /// the agent shows it.
 pub fn ttl_value(s: &str) -> Result<String, String> {
     ttl(s).map(|_| s.to_string())
@@ -118,15 +122,7 @@ pub fn ttl_value(s: &str) -> Result<String, String> {
 
 /// The duration `--ttl` names (see [`ttl_value`]).
 pub fn ttl(s: &str) -> Result<std::time::Duration, String> {
-    let t = s.trim();
-    let d = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        let secs = t
-            .parse()
-            .map_err(|_| format!("{s:?}: too large; expected {DURATION_FORMS}"))?;
-        std::time::Duration::from_secs(secs)
-    } else {
-        duration(s)?
-    };
+    let d = duration(s)?;
     if d.is_zero() {
         return Err(format!(
             "{s:?}: must be longer than zero, e.g. 90s, 15m, 2h"
@@ -160,41 +156,76 @@ pub fn positive_rate(text: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// A size flag (`--sizes`, the load generator's `--size`): a number of
-/// bytes with an optional unit, "4096", "64KiB", "16K", "1M", "2g".
-///
-/// A thin layer over `bytesize`, because tpmcrypt's units have always been
-/// powers of 1024 whatever their spelling (`K`, `KB` and `KiB` all mean
-/// 1024, where bytesize reads `K` and `KB` as 1000), and stop at `G`; and
-/// because bytesize saturates a value too large for 64 bits where this
-/// refuses it. A bare number is read exactly, as an integer.
-pub fn size(text: &str) -> Result<u64, String> {
-    const FORMS: &str = "a number of bytes and an optional unit K, M or G \
-                         (powers of 1024), e.g. 4096, 64KiB, 16K, 1M";
-    let t = text.trim();
-    let bad = |why: &str| format!("{text:?}: {why}; expected {FORMS}");
-    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        return t.parse().map_err(|_| bad("too large"));
+/// A positive [`duration`] (`bench --unbind`): zero is a usage error.
+#[cfg_attr(not(feature = "bench"), allow(dead_code))]
+pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    let d = duration(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{text:?}: must be longer than zero, e.g. 300ms, 1.2s"
+        ));
     }
+    Ok(d)
+}
+
+/// The forms a size may take, for error messages.
+const SIZE_FORMS: &str = "a number of bytes and an optional unit K, M or G (KiB, MiB, GiB: \
+                          powers of 1024), e.g. 4096, 64KiB, 16K, 1M, 1.5MiB";
+
+/// A size flag (`--sizes`, `--segment-size`, the load generator's
+/// `--size`): a number of bytes with an optional unit, "4096", "64KiB",
+/// "16K", "1M", "2g", "1.5MiB".
+///
+/// Units are powers of 1024 (`K`, `Ki`, `KiB` in any case), and stop at
+/// `G`. `KB`, `MB` and `GB` are refused rather than guessed: they mean
+/// 1000 to some tools (dd, bytesize, systemd) and 1024 to others, and a
+/// size that silently means another thing is worse than a usage error. A
+/// fraction is taken where the result is a whole number of bytes ("1.5K"
+/// is 1536; "1.5", "1.3K" are refused). Written out here, not through
+/// `bytesize`, because that crate reads `KB` as 1000 and rounds a fraction
+/// of a byte away ("1.5" became 1).
+pub fn size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let bad = |why: &str| format!("{text:?}: {why}; expected {SIZE_FORMS}");
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let unit = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => "B",
-        "k" | "kb" | "kib" => "KiB",
-        "m" | "mb" | "mib" => "MiB",
-        "g" | "gb" | "gib" => "GiB",
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "ki" | "kib" => 10,
+        "m" | "mi" | "mib" => 20,
+        "g" | "gi" | "gib" => 30,
+        "kb" | "mb" | "gb" => return Err(bad("ambiguous unit (1000 or 1024?)")),
         _ => return Err(bad("unknown unit")),
     };
-    let bytes = format!("{num} {unit}")
-        .parse::<bytesize::ByteSize>()
-        .map_err(|_| bad("not a size"))?
-        .as_u64();
-    if bytes == u64::MAX {
-        return Err(bad("too large"));
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !digits(int) || !digits(frac) || (num.contains('.') && frac.is_empty()) {
+        return Err(bad("not a size"));
     }
-    Ok(bytes)
+    let int: u128 = int.parse().map_err(|_| bad("too large"))?;
+    if frac.len() > 9 {
+        return Err(bad("too many decimals"));
+    }
+    let scale = 10u128.pow(frac.len() as u32);
+    let frac_bytes = frac.parse::<u128>().unwrap_or(0) << shift;
+    if frac_bytes % scale != 0 {
+        return Err(bad("not a whole number of bytes"));
+    }
+    let bytes = int
+        .checked_shl(shift)
+        .filter(|b| b >> shift == int)
+        .and_then(|b| b.checked_add(frac_bytes / scale))
+        .and_then(|b| u64::try_from(b).ok());
+    bytes.ok_or_else(|| bad("too large"))
+}
+
+/// `--segment-size`: a [`size`] that fits in 32 bits (the format then
+/// checks its range).
+pub fn size_u32(text: &str) -> Result<u32, String> {
+    let v = size(text)?;
+    u32::try_from(v).map_err(|_| format!("{text:?}: too large; at most 4GiB - 1"))
 }
 
 /// A library's "invalid input: …" as clap shows it after "invalid value
@@ -230,7 +261,10 @@ mod tests {
         for (text, want) in ok {
             assert_eq!(duration(text), Ok(want), "{text}");
         }
-        for bad in ["10", "ms", "5y", "2w", "-1s", "", "1.5.5s"] {
+        // A bare number is seconds, for every duration flag.
+        assert_eq!(duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(duration("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["ms", "5y", "2w", "-1s", "", "1.5.5s", ".", "1..5", "-1"] {
             let err = duration(bad).expect_err(bad);
             assert!(err.contains("e.g. 200ms, 1.5s"), "{bad}: {err}");
         }
@@ -253,7 +287,7 @@ mod tests {
             ("4096", 4096),
             ("65536", 65536),
             ("16K", 16 << 10),
-            ("16kb", 16 << 10),
+            ("16Ki", 16 << 10),
             ("64KiB", 64 << 10),
             ("1m", 1 << 20),
             ("1M", 1 << 20),
@@ -261,6 +295,12 @@ mod tests {
             ("1GiB", 1 << 30),
             ("4096B", 4096),
             ("0", 0),
+            ("1.5MiB", 3 << 19),
+            ("1.5K", 1536),
+            ("0.5k", 512),
+            (" 8 KiB ", 8192),
+            ("16G", 16 << 30),
+            ("18446744073709551615", u64::MAX),
         ] {
             assert_eq!(size(text), Ok(want), "{text}");
         }
@@ -271,6 +311,17 @@ mod tests {
             "99999999999999G",
             "99999999999999999999",
             "1Q",
+            "1.5",
+            "1.3K",
+            "16kb",
+            "1MB",
+            "2GB",
+            ".5K",
+            "5.K",
+            "1.2.3K",
+            "-1K",
+            "17179869184G",
+            "0.0000000001K",
         ] {
             let err = size(bad).expect_err(bad);
             assert!(err.contains("e.g. 4096, 64KiB"), "{bad}: {err}");

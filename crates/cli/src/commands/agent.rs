@@ -87,7 +87,8 @@ fn inherited_socket() -> anyhow::Result<Option<std::os::fd::OwnedFd>> {
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
     eprintln!(
-        "warning: not using the agent: {}",
+        "{} not using the agent: {}",
+        crate::ui::colour::warning(),
         crate::ui::printable(&e.to_string())
     );
 }

@@ -42,8 +42,9 @@ pub struct EncryptArgs {
     #[arg(long, value_enum, default_value_t = BitsArg::B256)]
     pub bits: BitsArg,
 
-    /// Ciphertext segment size in bytes (advanced; default 1 MiB).
-    #[arg(long, value_name = "BYTES", hide = true)]
+    /// Ciphertext segment size (advanced; default 1MiB): bytes, or K, M
+    /// (powers of 1024), e.g. 64KiB.
+    #[arg(long, value_name = "SIZE", hide = true, value_parser = crate::args::value::size_u32)]
     pub segment_size: Option<u32>,
 
     /// Start a session of this run's own even when an agent runs (by
@@ -118,7 +119,8 @@ pub(crate) fn report_skipped(plan: &files::Plan, ui: &Ui) {
     }
     for (path, why) in &plan.failed {
         eprintln!(
-            "error: {}: {}",
+            "{} {}: {}",
+            crate::ui::colour::error(),
             crate::ui::shown(path),
             crate::ui::printable(why)
         );

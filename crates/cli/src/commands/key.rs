@@ -43,7 +43,7 @@ pub enum KeyCommand {
     },
     /// List keys.
     List {
-        /// JSON output.
+        /// Print the keys as a JSON array on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -51,6 +51,10 @@ pub enum KeyCommand {
     Show {
         /// Key name.
         name: String,
+        /// Print the key as a JSON object on stdout (as one element of
+        /// `key list --json`).
+        #[arg(long)]
+        json: bool,
     },
     /// Print a key's public half as PEM (for hosts that only encrypt).
     Export {
@@ -154,7 +158,12 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
             no_pin,
         } => import(&store, ui, file, name.as_deref(), (*pin, *no_pin)),
         KeyCommand::List { json } => list(&store, *json),
-        KeyCommand::Show { name } => show(&store, name),
+        KeyCommand::Show { name, json: true } => {
+            let info = describe(&store, name)?;
+            crate::ui::stdout::line(&serde_json::to_string_pretty(&info)?)?;
+            Ok(crate::ui::exit::OK)
+        }
+        KeyCommand::Show { name, json: false } => show(&store, name),
         KeyCommand::Export { name } => {
             let (blob, _) = store.load(name)?;
             crate::ui::stdout::write_all(blob.public_key_pem()?.as_bytes())?;
@@ -261,8 +270,9 @@ fn import(
     for other in store.list()?.iter().filter(|n| **n != name) {
         if describe(store, other).is_ok_and(|k| k.fingerprint == fp) {
             eprintln!(
-                "warning: key {other} is the same TPM key (fingerprint {fp}); one key \
-                 under two names shares one PIN"
+                "{} key {other} is the same TPM key (fingerprint {fp}); one key \
+                 under two names shares one PIN",
+                crate::ui::colour::warning()
             );
         }
     }
@@ -286,7 +296,7 @@ fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
         "pin:         {}",
         if info.pin { "yes" } else { "no" }
     ))?;
-    crate::ui::stdout::line(&format!("created:     unix time {}", info.created))?;
+    crate::ui::stdout::line(&format!("created:     {}", info.created))?;
     crate::ui::stdout::line(&format!(
         "tpm:         {}",
         info.tpm.as_deref().unwrap_or("unknown")
@@ -440,7 +450,8 @@ struct KeyInfo {
     fingerprint: String,
     pcrs: Option<String>,
     pin: bool,
-    created: u64,
+    /// RFC 3339.
+    created: String,
     tpm: Option<String>,
     simulator: bool,
     recovery: Vec<String>,
@@ -454,7 +465,7 @@ fn describe(store: &Keystore, name: &str) -> anyhow::Result<KeyInfo> {
         fingerprint: hex::encode(fingerprint_spki(&blob.public_key_der()?)),
         pcrs: meta.pcrs.clone(),
         pin: meta.has_pin,
-        created: meta.created,
+        created: crate::ui::rfc3339_unix(meta.created),
         tpm: meta.tpm.clone(),
         simulator: meta.simulator,
         recovery: meta.recovery.clone(),
@@ -469,7 +480,8 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
         match describe(store, &name) {
             Ok(info) => infos.push(info),
             Err(e) => eprintln!(
-                "warning: key {name} skipped: {}",
+                "{} key {name} skipped: {}",
+                crate::ui::colour::warning(),
                 crate::ui::printable(&format!("{e:#}"))
             ),
         }

@@ -3,6 +3,7 @@
 //! ([`stdout`]). Every module that shows text to a person takes it from
 //! here.
 
+pub mod colour;
 pub mod exit;
 pub mod stdout;
 
@@ -49,6 +50,20 @@ pub fn one_line(err: &anyhow::Error) -> String {
     printable(&format!("{err:#}{hint}"))
 }
 
+/// A time as every timestamp tpmcrypt shows is written (JSON, logs, `key
+/// show`): RFC 3339 in UTC, to the millisecond, e.g.
+/// `2026-11-23T15:54:37.120Z`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Seconds since the Unix epoch (as key metadata keeps them) as
+/// [`rfc3339`], to the second.
+pub fn rfc3339_unix(secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
 /// Text as it may stand in one line on a terminal: control characters (a
 /// newline in a file name, a terminal escape sequence) are shown escaped,
 /// `\n`, `\x1b`, never passed through.
@@ -79,6 +94,14 @@ mod tests {
         assert_eq!(printable("été/日本 \\ ok"), "été/日本 \\ ok");
         let err = anyhow::anyhow!("line one\nline two").context("x\ny");
         assert_eq!(one_line(&err), "x\\ny: line one\\nline two");
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339_unix(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_unix(1_795_449_277), "2026-11-23T15:54:37Z");
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_795_449_277_120);
+        assert_eq!(rfc3339(t), "2026-11-23T15:54:37.120Z");
     }
 
     #[test]

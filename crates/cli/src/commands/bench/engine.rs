@@ -408,7 +408,7 @@ fn projection_warning(sources: &[report::UnbindSource], warnings: &mut Vec<Strin
     if sources.iter().any(|s| s.projection) {
         warnings.push(
             "PROJECTION rows combine this machine's AES timings with unbind times that were not \
-             measured here (--unbind-ms, --chip, the study's TPM 1.2); chip values are points \
+             measured here (--unbind, --chip, the study's TPM 1.2); chip values are points \
              within published ranges, not measurements of a product"
                 .into(),
         );

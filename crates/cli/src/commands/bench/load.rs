@@ -46,11 +46,11 @@ pub struct LoadArgs {
     pub utilisation: Option<f64>,
 
     /// Size of each file (e.g. 64KiB).
-    #[arg(long, default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
     pub size: u64,
 
     /// How long files are generated.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub duration: Duration,
 
     /// Daemon workers (c in the model).
@@ -58,7 +58,7 @@ pub struct LoadArgs {
     pub workers: usize,
 
     /// The daemon's --settle.
-    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = parse_duration)]
     pub settle: Duration,
 
     /// Rate of the low-load calibration run that measures S.
@@ -66,7 +66,7 @@ pub struct LoadArgs {
     pub calibrate_rate: f64,
 
     /// Length of the calibration run.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub calibrate_duration: Duration,
 
     /// Skip the calibration (and the model).
@@ -85,7 +85,8 @@ pub struct LoadArgs {
     #[arg(long)]
     pub keep: bool,
 
-    /// Print the results as JSON too.
+    /// Print the results as JSON on stdout; the running commentary goes
+    /// to stderr.
     #[arg(long)]
     pub json: bool,
 }
@@ -111,6 +112,21 @@ pub struct Phase {
     pub end_to_end_ms: [f64; 4],
     /// Daemon exit code.
     pub exit_code: i32,
+}
+
+/// Whether the commentary goes to stderr (`--json`: stdout is the JSON
+/// document alone).
+static TEXT_ON_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A line of commentary: on stdout, or on stderr under `--json`.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if TEXT_ON_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!($($t)*)
+        } else {
+            println!($($t)*)
+        }
+    };
 }
 
 fn unif(rng: &mut OsRng) -> f64 {
@@ -398,6 +414,7 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
             "--workers, --rate and --size must be positive",
         ));
     }
+    TEXT_ON_STDERR.store(args.json, std::sync::atomic::Ordering::Relaxed);
     let parent = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     fs::create_dir_all(&parent).with_context(|| parent.display().to_string())?;
     let scratch = tempfile::Builder::new()
@@ -432,7 +449,7 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
         (Some(_), _) => bail!("--utilisation needs the calibration run"),
         (None, _) => args.rate,
     };
-    println!(
+    say!(
         "run: {rate:.0} files/s (Poisson) of {} B for {} s, {c} workers, settle {} ms",
         args.size,
         args.duration.as_secs_f64(),
@@ -445,14 +462,12 @@ fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
         None => serde_json::Value::Null,
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "run": p,
-                "calibration": calib.as_ref().map(|c| &c.2),
-                "model": model,
-            }))?
-        );
+        let doc = serde_json::json!({
+            "run": p,
+            "calibration": calib.as_ref().map(|c| &c.2),
+            "model": model,
+        });
+        crate::ui::stdout::line(&serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(if p.lost == 0 && p.exit_code == 0 {
         crate::ui::exit::OK
@@ -472,7 +487,7 @@ fn calibrate(
         return Ok(None);
     }
     let c = args.workers;
-    println!(
+    say!(
         "calibration: {:.0} files/s for {} s ({} B files, {} workers, settle {} ms)",
         args.calibrate_rate,
         args.calibrate_duration.as_secs_f64(),
@@ -490,7 +505,7 @@ fn calibrate(
     )?;
     let s = num(&p.daemon, &["service", "mean_ms"]);
     let l = num(&p.daemon, &["latency", "mean_ms"]);
-    println!(
+    say!(
         "  S (mean service time) = {s:.2} ms; mean latency {l:.2} ms; fixed overhead D = {:.2} ms",
         l - s
     );
@@ -500,7 +515,7 @@ fn calibrate(
 /// Prints what one run measured.
 fn print_phase(args: &LoadArgs, p: &Phase) {
     let d = &p.daemon;
-    println!(
+    say!(
         "  sent {} (arrival rate {:.1}/s), encrypted {}, lost {}, daemon failures {}, daemon exit {}",
         p.sent,
         p.arrival_rate,
@@ -509,12 +524,12 @@ fn print_phase(args: &LoadArgs, p: &Phase) {
         num(d, &["failures"]),
         p.exit_code
     );
-    println!(
+    say!(
         "  throughput {:.1} files/s, {:.1} MiB/s",
         p.throughput,
         p.throughput * args.size as f64 / (1 << 20) as f64
     );
-    println!(
+    say!(
         "  latency close-write event → durable ciphertext (daemon): mean {:.2} ms, p50 {:.2}, p95 {:.2}, p99 {:.2}, max {:.2}",
         num(d, &["latency", "mean_ms"]),
         num(d, &["latency", "p50_ms"]),
@@ -523,10 +538,10 @@ fn print_phase(args: &LoadArgs, p: &Phase) {
         num(d, &["latency", "max_ms"]),
     );
     let [m, p50, p95, p99] = p.end_to_end_ms;
-    println!(
+    say!(
         "  latency writer close → .tpmc renamed (generator): mean {m:.2} ms, p50 {p50:.2}, p95 {p95:.2}, p99 {p99:.2}"
     );
-    println!(
+    say!(
         "  service time under load: mean {:.2} ms, p99 {:.2} ms",
         num(d, &["service", "mean_ms"]),
         num(d, &["service", "p99_ms"])
@@ -543,7 +558,7 @@ fn model(c: usize, s_ms: f64, d_ms: f64, p: &Phase) -> serde_json::Value {
     let rho = a / c as f64;
     let measured = num(d, &["latency", "mean_ms"]);
     if rho >= 1.0 {
-        println!("  model: ρ = λS/c = {rho:.2} ≥ 1: overloaded, no steady state");
+        say!("  model: ρ = λS/c = {rho:.2} ≥ 1: overloaded, no steady state");
         serde_json::Value::Null
     } else {
         let cw = erlang_c(c, a);
@@ -551,13 +566,13 @@ fn model(c: usize, s_ms: f64, d_ms: f64, p: &Phase) -> serde_json::Value {
         let w_mmc = d_ms + s_ms + wq;
         let w_mm1 = d_ms + (s_ms / c as f64) / (1.0 - rho);
         let err = (measured - w_mmc) / w_mmc * 100.0;
-        println!(
+        say!(
             "  model M/M/{c}: λ = {lambda:.1}/s, S = {s_ms:.2} ms, ρ = λS/c = {rho:.2}, P(wait) = {cw:.3}, Wq = {wq:.2} ms"
         );
-        println!(
+        say!(
             "    predicted mean latency D + S + Wq = {w_mmc:.2} ms; measured {measured:.2} ms ({err:+.1} %)"
         );
-        println!(
+        say!(
             "    (M/M/1 with one server {c}× as fast: {w_mm1:.2} ms, {:+.1} %)",
             (measured - w_mm1) / w_mm1 * 100.0
         );

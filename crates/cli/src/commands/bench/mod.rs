@@ -33,7 +33,7 @@ mod stats;
 mod sysinfo;
 mod tpm;
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -68,7 +68,7 @@ pub struct BenchArgs {
 
     /// File sizes, comma-separated, with K/M/G suffixes (powers of 1024),
     /// e.g. 16K,1M,64M [default: 16K, 32K … 16M, 64M, 256M, 1G].
-    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_size)]
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = parse_size)]
     pub sizes: Option<Vec<u64>>,
 
     /// Timed repetitions per point, and rounds of TPM operations
@@ -81,9 +81,14 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
 
-    /// Write every result as JSON (schema: docs/bench.schema.json).
+    /// Print every result as JSON on stdout instead of the table (schema:
+    /// docs/bench.schema.json); the table goes to stderr.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write every result as JSON to FILE (as --json prints it).
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub json_file: Option<PathBuf>,
 
     /// Write every result as CSV (one line per value).
     #[arg(long, value_name = "FILE")]
@@ -93,9 +98,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
 
-    /// Project the split onto a TPM whose unbind takes this long (ms).
-    #[arg(long, value_name = "MS")]
-    pub unbind_ms: Option<f64>,
+    /// Project the split onto a TPM whose unbind takes this long, e.g.
+    /// 300ms, 1.2s.
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::value::positive_duration)]
+    pub unbind: Option<std::time::Duration>,
 
     /// Project the split onto a reference TPM: fast, typical, slow (points
     /// within the published TPM 2.0 ranges) or tpm12-study.
@@ -125,7 +131,7 @@ fn chip_names() -> clap::builder::PossibleValuesParser {
 }
 
 /// Parses `16K`, `1M`, `1G`, `16KiB`, `4096` (the CLI's one size grammar,
-/// [`crate::args::value::size`]: powers of 1024), from 1 byte to 4G.
+/// [`crate::args::value::size`]: powers of 1024), from 1 byte to 4GiB.
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let v = crate::args::value::size(s)?;
@@ -151,10 +157,15 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
         plot::render(p, &plot::data(&results)).with_context(|| p.display().to_string())?;
     }
     results.duration_s = started.elapsed().as_secs_f64();
-    print!("{}", results.table());
-    if let Some(p) = &args.json {
-        let text = serde_json::to_string_pretty(&results)?;
-        std::fs::write(p, text + "\n").with_context(|| p.display().to_string())?;
+    let json = serde_json::to_string_pretty(&results)? + "\n";
+    if args.json {
+        eprint!("{}", results.table());
+        crate::ui::stdout::write_all(json.as_bytes())?;
+    } else {
+        crate::ui::stdout::write_all(results.table().as_bytes())?;
+    }
+    if let Some(p) = &args.json_file {
+        std::fs::write(p, &json).with_context(|| p.display().to_string())?;
     }
     if let Some(p) = &args.csv {
         std::fs::write(p, results.csv()?).with_context(|| p.display().to_string())?;
@@ -167,11 +178,23 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
 
 /// Usage errors the flags' parsers cannot see.
 fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
-    if let Some(ms) = args.unbind_ms {
-        if !(ms.is_finite() && ms > 0.0) {
-            return Err(crate::ui::exit::usage(
-                "--unbind-ms must be a positive number",
-            ));
+    // Report files are written after a run of minutes: two of them at one
+    // path would silently leave only the last.
+    let outputs = [
+        ("--json-file", &args.json_file),
+        ("--csv", &args.csv),
+        ("--plot", &args.plot),
+    ];
+    for (i, (a, pa)) in outputs.iter().enumerate() {
+        for (b, pb) in &outputs[i + 1..] {
+            if let (Some(pa), Some(pb)) = (pa, pb) {
+                if same_path(pa, pb) {
+                    return Err(crate::ui::exit::usage(format!(
+                        "{a} and {b} name the same file ({}): each report needs its own",
+                        crate::ui::shown(pa)
+                    )));
+                }
+            }
         }
     }
     if let Some(p) = &args.plot {
@@ -186,6 +209,24 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether two report paths are one file: the same existing file, or the
+/// same path once `.` components are dropped (neither exists yet).
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => {
+            use std::os::unix::fs::MetadataExt;
+            ma.dev() == mb.dev() && ma.ino() == mb.ino()
+        }
+        _ => {
+            let norm = |p: &Path| {
+                let parts = p.components().filter(|c| *c != Component::CurDir);
+                parts.collect::<PathBuf>()
+            };
+            norm(a) == norm(b)
+        }
+    }
 }
 
 fn default_sizes(quick: bool) -> Vec<u64> {
@@ -246,10 +287,11 @@ fn unbind_sources(t: &tpm::TpmResult, args: &BenchArgs) -> Vec<UnbindSource> {
             }
         }
     }
-    if let Some(ms) = args.unbind_ms {
+    if let Some(d) = args.unbind {
+        let ms = d.as_secs_f64() * 1e3;
         v.push(UnbindSource {
             id: "unbind-ms".into(),
-            label: format!("--unbind-ms {ms}"),
+            label: format!("--unbind {}", humantime::format_duration(d)),
             projection: true,
             unbind_ms: ms,
             create_ms: None,

@@ -1,18 +1,17 @@
 //! Logging for the daemon: `LEVEL target: message` lines through `tracing`,
-//! on stderr (journald-friendly: no colours unless a terminal, and a
+//! on stderr (journald-friendly: no colours unless `ui::colour` allows, and a
 //! `<N>` syslog priority prefix when stderr is the journal) or appended to
 //! a `--log` file that SIGHUP reopens (for logrotate).
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -88,7 +87,7 @@ struct LineFormat {
     colour: bool,
     /// `<N>` syslog priority prefix (stderr is the journal).
     priority: bool,
-    /// Leading timestamp (a log file).
+    /// Leading RFC 3339 timestamp (a log file).
     time: bool,
 }
 
@@ -115,20 +114,10 @@ where
             write!(writer, "<{prio}>")?;
         }
         if self.time {
-            SystemTime.format_time(&mut writer)?;
-            write!(writer, " ")?;
+            let now = crate::ui::rfc3339(std::time::SystemTime::now());
+            write!(writer, "{now} ")?;
         }
-        if self.colour {
-            let code = match level {
-                Level::ERROR => 31,
-                Level::WARN => 33,
-                Level::INFO => 32,
-                _ => 34,
-            };
-            write!(writer, "\x1b[{code}m{level}\x1b[0m ")?;
-        } else {
-            write!(writer, "{level} ")?;
-        }
+        write!(writer, "{} ", crate::ui::colour::level(self.colour, &level))?;
         let target = meta.target();
         match target.strip_prefix("tpmcrypt::commands::") {
             Some(rest) => write!(writer, "tpmcrypt::{rest}: ")?,
@@ -168,7 +157,7 @@ pub fn init(log_file: Option<&Path>, verbose: bool) -> anyhow::Result<Sink> {
     };
     let on_stderr = log_file.is_none();
     let format = LineFormat {
-        colour: on_stderr && io::stderr().is_terminal(),
+        colour: on_stderr && crate::ui::colour::stderr(),
         priority: on_stderr && stderr_is_journal(),
         time: !on_stderr,
     };

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -154,8 +154,8 @@ pub struct Stats {
 /// The JSON document of `--stats-json`.
 #[derive(Serialize)]
 pub struct Snapshot {
-    /// Seconds since the Unix epoch.
-    pub time: f64,
+    /// When it was taken, RFC 3339 (UTC).
+    pub time: String,
     /// Seconds since start.
     pub uptime_s: f64,
     /// See [`Counters`].
@@ -171,10 +171,7 @@ impl Stats {
     /// The exported view.
     pub fn snapshot(&self, started: Instant) -> Snapshot {
         Snapshot {
-            time: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0),
+            time: crate::ui::rfc3339(SystemTime::now()),
             uptime_s: started.elapsed().as_secs_f64(),
             counters: self.counters,
             latency: self.latency.summary(),

@@ -45,7 +45,7 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86400)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("10").is_err());
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("5y").is_err());
         assert!(parse_duration("-1s").is_err());
