@@ -665,3 +665,86 @@ fn a_tpm_that_never_answers_is_given_up_after_the_timeout() {
     let r = run_env(d, &[], &["doctor", "--timeout", "0"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
+
+/// A key under signed PCR policies is checked as decrypt would choose: a
+/// signed policy that holds now is reported (and which), none holding sets
+/// the PCR bit naming the key, and signing the new values clears it.
+#[test]
+fn a_signed_policy_key_is_checked_against_its_signed_policies() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let signer = d.join("signer.key");
+    let r = run_env(
+        d,
+        &[],
+        &["pcr-signer", "create", "--out", signer.to_str().unwrap()],
+    );
+    assert_ok(&r, "pcr-signer create");
+    std::fs::write(d.join("signer.pub"), &r.stdout).expect("signer.pub");
+    let public = d.join("signer.pub");
+    create_key(
+        d,
+        &t,
+        "signed",
+        &[
+            "--pcr-signer",
+            public.to_str().unwrap(),
+            "--pcrs",
+            "sha256:7",
+        ],
+        false,
+    );
+    let sign = |out: &str| {
+        let policy = d.join(out);
+        let r = run_env(
+            d,
+            &[],
+            &[
+                "--tpm",
+                &t,
+                "pcr",
+                "sign",
+                "--signer",
+                signer.to_str().unwrap(),
+                "--pcrs",
+                "sha256:7",
+                "--current",
+                "-o",
+                policy.to_str().unwrap(),
+            ],
+        );
+        assert_ok(&r, "pcr sign");
+        let r = run_env(
+            d,
+            &[],
+            &["key", "add-policy", "signed", policy.to_str().unwrap()],
+        );
+        assert_ok(&r, "key add-policy");
+    };
+    sign("now.policy");
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], true, "{v:#}");
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_pcrextend",
+            "7:sha256=00000000000000000000000000000000000000000000000000000000000000aa",
+        ],
+    );
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, BIT_PCR, "{v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], false, "{v:#}");
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("key signed") && reason.contains("signed polic"),
+        "{reason}"
+    );
+    sign("next.policy");
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], true, "{v:#}");
+}

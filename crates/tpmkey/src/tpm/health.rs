@@ -172,6 +172,7 @@ impl Tpm {
             Err(e) => Some(e.to_string()),
         };
         let pcr = match key.pcr_policy()? {
+            None if key.signer()?.is_some() => Some(self.check_signed(key)?),
             None => None,
             Some((sel, recorded)) => {
                 self.alive()?;
@@ -184,6 +185,7 @@ impl Tpm {
                 Some(PcrCheck {
                     selection: sel.to_string(),
                     satisfied,
+                    signed: None,
                 })
             }
         };
@@ -191,6 +193,28 @@ impl Tpm {
             load_error,
             pcr,
             pin: !key.empty_auth,
+        })
+    }
+}
+
+impl Tpm {
+    /// A key under signed PCR policies, checked as an unbind would choose
+    /// (signer, signature, then the PCRs' current values; PCR_Read only, no
+    /// policy session, no authorization).
+    fn check_signed(&mut self, key: &KeyBlob) -> Result<PcrCheck> {
+        self.alive()?;
+        let selection = "signed policies".to_string();
+        let (satisfied, signed) = match self.choose_signed(key) {
+            Ok(Some((_, used))) => (Ok(true), Some(used)),
+            Ok(None) => (Err("the key names no PCR signer".into()), None),
+            Err(e @ Error::ConnectionLost { .. }) => return Err(e),
+            Err(Error::NoSignedPolicy(why) | Error::SignedPolicy(why)) => (Ok(false), Some(why)),
+            Err(e) => (Err(e.to_string()), None),
+        };
+        Ok(PcrCheck {
+            selection,
+            satisfied,
+            signed,
         })
     }
 }

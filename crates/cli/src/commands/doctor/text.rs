@@ -208,6 +208,17 @@ fn keystore(out: &mut String, k: &Value) {
             };
             parts.push(format!("PCRs {pcrs} {state}"));
         }
+        if let Some(signer) = key["pcr_signer"].as_str() {
+            let state = match key["pcr_policy_satisfied"].as_bool() {
+                Some(true) => format!("holds now: {}", s(&key["signed_policy"])),
+                Some(false) => format!("NONE HOLDS: {}", s(&key["signed_policy"])),
+                None => key["pcr_error"]
+                    .as_str()
+                    .unwrap_or("not checked")
+                    .to_string(),
+            };
+            parts.push(format!("signed PCR policies of signer {signer}, {state}"));
+        }
         if key["pin"].as_bool() == Some(true) {
             parts.push("PIN needed".into());
         }
