@@ -8,11 +8,13 @@ mod commands;
 mod files;
 mod harden;
 mod keys;
+mod manpages;
 mod options;
 mod stamp;
 mod statsfile;
 mod tpm;
 mod ui;
+mod version;
 
 use clap::{CommandFactory, Parser};
 
@@ -38,7 +40,10 @@ fn main() {
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
-                let text = e.render().to_string();
+                let mut text = e.render().to_string();
+                if e.kind() == clap::error::ErrorKind::DisplayVersion && version::is_long(&text) {
+                    text = version::long();
+                }
                 if let Err(err) = stdout::write_all(text.as_bytes()) {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
@@ -73,6 +78,7 @@ fn main() {
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Key(c) => commands::key::run(c, &ui),
         Command::Agent(a) => commands::agent::run(a),
+        Command::ManPages { dir } => manpages::run(dir),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), "tpmcrypt", &mut script);

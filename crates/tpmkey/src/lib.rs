@@ -34,6 +34,7 @@
 //!   recipients: a lazily opened TPM, PINs through a callback.
 //! * [`agent`]     – the session-key agent: protocol, client, server.
 //! * [`trust`]     – ownership checks of the socket and keystore paths.
+//! * [`stack`]     – the tpm2-tss library loaded at run time.
 //! * [`error`]     – the [`Error`] type and its coarse classes.
 
 #![warn(missing_docs)]
@@ -46,6 +47,7 @@ pub mod keyfile;
 pub mod keystore;
 pub mod pcr;
 pub mod simulator;
+pub mod stack;
 pub mod tcti;
 pub mod tpm;
 pub mod trust;

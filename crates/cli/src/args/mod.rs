@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 /// Encrypt files with keys bound to this machine's TPM.
 #[derive(Parser, Debug)]
-#[command(name = "tpmcrypt", version, about, long_about = None)]
+#[command(name = "tpmcrypt", version, long_version = crate::version::LONG, about, long_about = None)]
 pub struct Cli {
     /// Print a summary (files, bytes, session key unwraps) on stderr.
     #[arg(short, long, global = true)]
@@ -71,6 +71,13 @@ pub enum Command {
     Completions {
         /// Shell to generate for.
         shell: clap_complete::Shell,
+    },
+    /// Write a man page for tpmcrypt and every subcommand into DIR
+    /// (for packaging).
+    #[command(hide = true, name = "man-pages")]
+    ManPages {
+        /// Directory for the pages (created if missing).
+        dir: PathBuf,
     },
 }
 
