@@ -3,6 +3,8 @@
 //! it) writes `tpmcrypt.1` and one page per subcommand, nested ones too
 //! (`tpmcrypt-key-create.1`).
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::Context;
@@ -12,12 +14,37 @@ use crate::args::Cli;
 use crate::ui::exit;
 
 /// Writes every page into `dir` (created if missing), replacing pages of
-/// the same names.
+/// the same names. A page name that is a symbolic link is refused, not
+/// followed (a shared directory could point one anywhere).
 pub fn run(dir: &Path) -> anyhow::Result<i32> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    clap_mangen::generate_to(Cli::command(), dir)
-        .with_context(|| format!("writing man pages to {}", dir.display()))?;
+    // As clap_mangen::generate_to, which would follow links.
+    let mut cmd = Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    write_pages(&cmd, dir)?;
     Ok(exit::OK)
+}
+
+/// Writes the page of `cmd` and of each visible subcommand below it.
+fn write_pages(cmd: &clap::Command, dir: &Path) -> anyhow::Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_pages(sub, dir)?;
+    }
+    let man = clap_mangen::Man::new(cmd.clone());
+    let path = dir.join(man.get_filename());
+    let mut page = Vec::new();
+    man.render(&mut page)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("{}: cannot write the page", path.display()))?;
+    file.write_all(&page)
+        .with_context(|| format!("{}: cannot write the page", path.display()))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -82,6 +109,21 @@ mod tests {
                 "{page}: {text}"
             );
         }
+    }
+
+    /// A page name that is a symbolic link (planted in a shared directory)
+    /// is refused, and the file it points to is left as it was.
+    #[test]
+    fn a_symlinked_page_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let pages = dir.path().join("man");
+        std::fs::create_dir(&pages).unwrap();
+        std::os::unix::fs::symlink(&victim, pages.join("tpmcrypt.1")).unwrap();
+        let err = run(&pages).expect_err("a symlinked page is refused");
+        assert!(format!("{err:#}").contains("tpmcrypt.1"), "{err:#}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
     }
 
     /// A page shows the same flags as `--help`: every visible long flag of
