@@ -127,6 +127,14 @@ fn man_pages_cover_the_help_tree_and_render() {
         let text = String::from_utf8_lossy(&r.stdout);
         assert!(text.contains(page.trim_end_matches(".1")), "{page}: {text}");
     }
+    // Nor in any completion script (a hidden subcommand would still be
+    // offered there).
+    for shell in ["bash", "zsh", "fish"] {
+        let r = run(dir.path(), &["completions", shell]);
+        assert_ok(&r, shell);
+        let script = String::from_utf8_lossy(&r.stdout);
+        assert!(!script.contains("man-pages"), "{shell} completes man-pages");
+    }
     // The version is in each page's footer, so a page shows what it is of.
     let top = fs::read_to_string(out.join("tpmcrypt.1")).unwrap();
     assert!(top.contains(env!("CARGO_PKG_VERSION")), "{top}");

@@ -28,7 +28,11 @@ fn main() {
     if std::env::var_os("TSS2_LOG").is_none() {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = manpages::from_args(&argv) {
+        std::process::exit(code);
+    }
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
@@ -78,7 +82,6 @@ fn main() {
         Command::Recovery(c) => commands::recovery::run(c),
         Command::Key(c) => commands::key::run(c, &ui),
         Command::Agent(a) => commands::agent::run(a),
-        Command::ManPages { dir } => manpages::run(dir),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), "tpmcrypt", &mut script);

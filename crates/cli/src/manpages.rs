@@ -1,8 +1,11 @@
 //! Man pages from the clap definitions themselves, so they never drift
-//! from `--help`: `tpmcrypt man-pages DIR` (hidden; `scripts/package` runs
-//! it) writes `tpmcrypt.1` and one page per subcommand, nested ones too
-//! (`tpmcrypt-key-create.1`).
+//! from `--help`: `tpmcrypt man-pages DIR` (for `scripts/package`) writes
+//! `tpmcrypt.1` and one page per subcommand, nested ones too
+//! (`tpmcrypt-key-create.1`). It is read before clap parses, outside the
+//! clap tree: a hidden subcommand would still be offered by the shell
+//! completions.
 
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -12,6 +15,28 @@ use clap::CommandFactory;
 
 use crate::args::Cli;
 use crate::ui::exit;
+
+/// `tpmcrypt man-pages DIR`: `None` for any other command line, else the
+/// exit code (errors as one line on stderr, as every error).
+pub fn from_args(args: &[OsString]) -> Option<i32> {
+    if args.get(1).map(OsString::as_os_str) != Some(OsStr::new("man-pages")) {
+        return None;
+    }
+    let code = match &args[2..] {
+        [dir] if !dir.is_empty() => match run(Path::new(dir)) {
+            Ok(code) => code,
+            Err(err) => {
+                eprintln!("error: {}", crate::ui::one_line(&err));
+                exit::code_for(&err)
+            }
+        },
+        _ => {
+            eprintln!("error: usage: tpmcrypt man-pages DIR (one directory)");
+            exit::USAGE
+        }
+    };
+    Some(code)
+}
 
 /// Writes every page into `dir` (created if missing), replacing pages of
 /// the same names. A page name that is a symbolic link is refused, not

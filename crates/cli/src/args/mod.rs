@@ -72,13 +72,6 @@ pub enum Command {
         /// Shell to generate for.
         shell: clap_complete::Shell,
     },
-    /// Write a man page for tpmcrypt and every subcommand into DIR
-    /// (for packaging).
-    #[command(hide = true, name = "man-pages")]
-    ManPages {
-        /// Directory for the pages (created if missing).
-        dir: PathBuf,
-    },
 }
 
 /// A clap parse error as the one line every tpmcrypt error is: clap's
