@@ -957,24 +957,25 @@ fn unreadable_files_are_reported_and_retried() {
     );
 }
 
-/// The systemd unit in docs/ is valid for systemd (`systemd-analyze verify`,
+/// The systemd unit in dist/systemd/ is valid for systemd (`systemd-analyze verify`,
 /// with ExecStart pointing at the binary under test), keeps its hardening
 /// (`systemd-analyze security` exposure at most 2.0 of 10; it is 1.7), and every flag
 /// its ExecStart passes exists in `tpmcrypt watch --help`.
 #[test]
 fn systemd_unit_verifies_and_its_flags_exist() {
     let dir = common::scratch("unit");
-    let unit_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/tpmcrypt-watch.service");
+    let unit_src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/systemd/tpmcrypt-watch.service");
     let text = fs::read_to_string(&unit_src).unwrap();
     assert!(
-        text.contains("/usr/local/bin/tpmcrypt watch"),
+        text.contains("ExecStart=/usr/bin/tpmcrypt watch"),
         "ExecStart moved?"
     );
     let unit = dir.path().join("tpmcrypt-watch.service");
     let bin = common::bin();
     fs::write(
         &unit,
-        text.replace("/usr/local/bin/tpmcrypt", &bin.display().to_string()),
+        text.replace("/usr/bin/tpmcrypt", &bin.display().to_string()),
     )
     .unwrap();
 

@@ -8,6 +8,7 @@ mod commands;
 mod files;
 mod harden;
 mod keys;
+mod manpages;
 mod options;
 mod pin;
 mod plainpipe;
@@ -16,6 +17,7 @@ mod stamp;
 mod statsfile;
 mod tpm;
 mod ui;
+mod version;
 
 use clap::{CommandFactory, FromArgMatches};
 
@@ -29,8 +31,12 @@ fn main() {
     if std::env::var_os("TSS2_LOG").is_none() {
         std::env::set_var("TSS2_LOG", "all+NONE");
     }
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = manpages::from_args(&argv) {
+        std::process::exit(code);
+    }
     // The matches say where --tpm's value came from (flag or TPMCRYPT_TCTI).
-    let (cli, tpm_from_env) = match parse() {
+    let (cli, tpm_from_env) = match parse(&argv) {
         Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
@@ -42,10 +48,13 @@ fn main() {
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
-                let text = match ui::colour::stdout() {
+                let mut text = match ui::colour::stdout() {
                     true => e.render().ansi().to_string(),
                     false => e.render().to_string(),
                 };
+                if e.kind() == clap::error::ErrorKind::DisplayVersion && version::is_long(&text) {
+                    text = version::long();
+                }
                 if let Err(err) = stdout::write_all(text.as_bytes()) {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
@@ -105,9 +114,9 @@ fn main() {
 
 /// The command line, parsed with clap's colour set by the one decision
 /// ([`ui::colour`]), and whether `--tpm`'s value came from `TPMCRYPT_TCTI`.
-fn parse() -> Result<(Cli, bool), clap::Error> {
+fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
     let mut cmd = Cli::command().color(ui::colour::clap_choice());
-    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    let mut matches = cmd.try_get_matches_from_mut(argv)?;
     let tpm_from_env = matches.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
     Cli::from_arg_matches_mut(&mut matches)
         .map(|cli| (cli, tpm_from_env))

@@ -36,6 +36,7 @@
 //!   recipients: a lazily opened TPM, PINs through a callback.
 //! * [`agent`]     – the session-key agent: protocol, client, server.
 //! * [`trust`]     – ownership checks of the socket and keystore paths.
+//! * [`stack`]     – the tpm2-tss library loaded at run time.
 //! * [`error`]     – the [`Error`] type and its coarse classes.
 
 #![warn(missing_docs)]
@@ -50,6 +51,7 @@ pub mod pcr;
 pub mod probe;
 pub mod signed;
 pub mod simulator;
+pub mod stack;
 pub mod tcti;
 pub mod tpm;
 pub mod trust;

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 /// Encrypt files with keys bound to this machine's TPM.
 #[derive(Parser, Debug)]
-#[command(name = "tpmcrypt", version, about, long_about = None)]
+#[command(name = "tpmcrypt", version, long_version = crate::version::LONG, about, long_about = None)]
 pub struct Cli {
     /// Print a summary (files, bytes, session key unwraps) on stderr.
     #[arg(short, long, global = true)]
