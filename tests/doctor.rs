@@ -665,3 +665,75 @@ fn a_tpm_that_never_answers_is_given_up_after_the_timeout() {
     let r = run_env(d, &[], &["doctor", "--timeout", "0"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
+
+/// A key bound to a PCR signer (`key create --pcr-signer`) is checked as
+/// decrypt would use it: with no signed policy attached, or none that the
+/// current PCRs satisfy, the PCR bit is set (decrypt would refuse it, exit
+/// 4); once the current values are signed and attached, it is not.
+#[test]
+fn a_signed_policy_key_is_checked_against_its_signed_policies() {
+    let dir = common::scratch("tpmcrypt-doctor-");
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let r = run_env(d, &[], &["pcr-signer", "create", "--out", "signer.key"]);
+    assert_ok(&r, "pcr-signer create");
+    std::fs::write(d.join("signer.pub"), &r.stdout).unwrap();
+    create_key(
+        d,
+        &t,
+        "signed",
+        &["--pcr-signer", "signer.pub", "--pcrs", "sha256:7"],
+        false,
+    );
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, BIT_PCR, "no signed policy attached yet: {v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], false, "{v:#}");
+    assert_eq!(key(&v, "signed")["pcrs"], "sha256:7", "{v:#}");
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("key signed") && reason.contains("no signed PCR policy yet"),
+        "{reason}"
+    );
+
+    let sign = [
+        "--tpm",
+        &t,
+        "pcr",
+        "sign",
+        "--signer",
+        "signer.key",
+        "--pcrs",
+        "sha256:7",
+        "--current",
+        "-o",
+        "now.policy",
+    ];
+    assert_ok(&run_env(d, &[], &sign), "pcr sign");
+    let add = ["key", "add-policy", "signed", "now.policy"];
+    assert_ok(&run_env(d, &[], &add), "key add-policy");
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "its signed policy holds: {v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], true, "{v:#}");
+
+    tpm2_tool(
+        &sim,
+        d,
+        &[
+            "tpm2_pcrextend",
+            "7:sha256=00000000000000000000000000000000000000000000000000000000000000aa",
+        ],
+    );
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, BIT_PCR, "PCR 7 moved past its policy: {v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], false, "{v:#}");
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("key signed") && reason.contains("PCR 7 is"),
+        "{reason}"
+    );
+    assert!(
+        !reason.contains("create a new key"),
+        "a signed key needs a new signed policy, not a new key: {reason}"
+    );
+}

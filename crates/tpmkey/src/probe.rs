@@ -111,6 +111,9 @@ pub struct PcrCheck {
     /// Whether their current values give the digest the key recorded;
     /// `Err` if they could not be read.
     pub satisfied: Result<bool, String>,
+    /// For a key bound to a PCR signer (PolicyAuthorize): why none of its
+    /// signed policies holds now (decrypt's refusal), when none does.
+    pub signed_refusal: Option<String>,
 }
 
 /// A TPM device node.

@@ -172,6 +172,7 @@ impl Tpm {
             Err(e) => Some(e.to_string()),
         };
         let pcr = match key.pcr_policy()? {
+            None if key.signer()?.is_some() => Some(self.check_signed(key)?),
             None => None,
             Some((sel, recorded)) => {
                 self.alive()?;
@@ -184,6 +185,7 @@ impl Tpm {
                 Some(PcrCheck {
                     selection: sel.to_string(),
                     satisfied,
+                    signed_refusal: None,
                 })
             }
         };
@@ -191,6 +193,35 @@ impl Tpm {
             load_error,
             pcr,
             pin: !key.empty_auth,
+        })
+    }
+}
+
+impl Tpm {
+    /// Whether one of the signed policies of a key bound to a PCR signer
+    /// holds now, as decrypt chooses it (signer, signature, policyRef and
+    /// the current PCRs checked in software, PCR_Read only: no policy
+    /// session, no try).
+    fn check_signed(&mut self, key: &KeyBlob) -> Result<PcrCheck> {
+        let selection = match key.signed_policies()?.first() {
+            Some(p) => p.selection.to_string(),
+            None => "(none signed yet)".to_string(),
+        };
+        let used = self.signed_used.len();
+        let chosen = self.choose_signed(key);
+        self.signed_used.truncate(used);
+        let (satisfied, signed_refusal) = match chosen {
+            Ok(_) => (Ok(true), None),
+            Err(e @ Error::ConnectionLost { .. }) => return Err(e),
+            Err(e @ (Error::NoSignedPolicy(_) | Error::SignedPolicy(_))) => {
+                (Ok(false), Some(e.to_string()))
+            }
+            Err(e) => (Err(e.to_string()), None),
+        };
+        Ok(PcrCheck {
+            selection,
+            satisfied,
+            signed_refusal,
         })
     }
 }

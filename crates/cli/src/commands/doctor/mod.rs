@@ -382,7 +382,10 @@ fn key_json(store: &Keystore, name: &str, tpm: Option<&mut Tpm>, problems: &mut 
     };
     key["alg"] = json!(meta.alg);
     key["pin"] = json!(!blob.empty_auth);
-    key["pcrs"] = json!(blob.pcr_policy().ok().flatten().map(|(s, _)| s.to_string()));
+    let pcrs = blob.pcr_policy().ok().flatten().map(|(s, _)| s.to_string());
+    // A key bound to a PCR signer records no PCR digest: its PCRs are
+    // those of its signed policies (`key create --pcrs`).
+    key["pcrs"] = json!(pcrs.or(meta.pcrs.clone()));
     let Some(tpm) = tpm else {
         return key;
     };
@@ -420,7 +423,18 @@ fn key_check_json(key: &mut Value, name: &str, check: &KeyCheck, problems: &mut 
         match &pcr.satisfied {
             Ok(ok) => {
                 key["pcr_policy_satisfied"] = json!(ok);
-                if !ok {
+                if let (false, Some(why)) = (ok, &pcr.signed_refusal) {
+                    problems.add(
+                        bits::PCR,
+                        "pcr",
+                        format!(
+                            "key {name}: {} (decrypt would refuse it: sign the current or \
+                             expected PCR values with `tpmcrypt pcr sign` and attach them with \
+                             `tpmcrypt key add-policy`)",
+                            crate::ui::printable(why)
+                        ),
+                    );
+                } else if !ok {
                     problems.add(
                         bits::PCR,
                         "pcr",
