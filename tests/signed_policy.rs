@@ -811,3 +811,82 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
     let r = plain(d, &["key", "add-policy", "nokey", "s.pub"]);
     assert_eq!(r.code, 1, "no such key: {}", r.stderr);
 }
+
+/// `key add-policy` run several times at once on one key (policies
+/// attached by separate jobs) keeps every policy: each reads the key file,
+/// adds its policy and writes it back, and without a lock a later write
+/// replaced an earlier one's policy, which every run still reported as
+/// added.
+#[test]
+fn concurrent_add_policy_loses_no_policy() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    drop(sim);
+    let mut total = 0;
+    for round in 0..2u8 {
+        let (mut files, mut children) = (Vec::new(), Vec::new());
+        for i in 0..8u8 {
+            let n = round * 8 + i;
+            let values = format!(
+                "sha256:\n  0 : 0x{}\n  7 : 0x{}\n",
+                format!("{n:02x}").repeat(32),
+                "ab".repeat(32)
+            );
+            let (v, p) = (format!("v{n}.txt"), format!("p{n}.policy"));
+            fs::write(d.join(&v), values).unwrap();
+            let r = plain(
+                d,
+                &[
+                    "pcr",
+                    "sign",
+                    "--signer",
+                    "signer.key",
+                    "--pcrs",
+                    PCRS,
+                    "--values",
+                    &v,
+                    "-o",
+                    &p,
+                ],
+            );
+            assert_ok(&r, "pcr sign --values");
+            files.push(p);
+        }
+        // All at once.
+        for p in &files {
+            children.push(
+                tpmcrypt(d)
+                    .args(["key", "add-policy", "k", p])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn"),
+            );
+        }
+        for mut c in children {
+            assert!(c.wait().unwrap().success(), "key add-policy");
+        }
+        total += 8;
+        let held = load_key(d, "k").signed_policies().unwrap().len();
+        assert_eq!(
+            held, total,
+            "round {round}: policies lost to a concurrent write"
+        );
+    }
+}

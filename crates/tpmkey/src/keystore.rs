@@ -356,6 +356,31 @@ impl Keystore {
 /// lives above this crate and carries what a bulk run needs (temporaries
 /// named for crash clean-up, group commit, owner and mode kept); a key file
 /// is small, written rarely, one at a time.
+/// An exclusive lock on a keystore ([`Keystore::lock`]), released when
+/// dropped.
+#[derive(Debug)]
+pub struct KeystoreLock(#[allow(dead_code)] fs::File);
+
+impl Keystore {
+    /// Takes an exclusive lock on the keystore (`flock` on its directory),
+    /// waiting for another holder: a read-modify-write of a key's files
+    /// (`key add-policy`) done under it loses no concurrent change.
+    pub fn lock(&self) -> Result<KeystoreLock> {
+        use std::os::unix::io::AsRawFd;
+        let dir = fs::File::open(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(KeystoreLock(dir));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io(&self.dir, e));
+            }
+        }
+    }
+}
+
 fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let file_name = path

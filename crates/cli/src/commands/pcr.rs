@@ -343,6 +343,9 @@ pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String
 /// checked in software first (the key's signer, a valid signature, the
 /// key's PCR selection).
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
+    // Read, add, write back under the keystore's lock: two runs at once
+    // would otherwise each write the key file without the other's policy.
+    let _lock = store.lock()?;
     let (mut blob, meta) = store.load(name)?;
     if blob.signer()?.is_none() {
         return Err(usage(format!(
