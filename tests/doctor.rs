@@ -695,6 +695,12 @@ fn a_signed_policy_key_is_checked_against_its_signed_policies() {
         reason.contains("key signed") && reason.contains("no signed PCR policy yet"),
         "{reason}"
     );
+    let text = run_env(d, &[], &["--tpm", &t, "doctor"]);
+    let line = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        line.contains("NOT SATISFIED (no signed policy holds)") && !line.contains("PCRs changed"),
+        "{line}"
+    );
 
     let sign = [
         "--tpm",

@@ -424,6 +424,7 @@ fn key_check_json(key: &mut Value, name: &str, check: &KeyCheck, problems: &mut 
             Ok(ok) => {
                 key["pcr_policy_satisfied"] = json!(ok);
                 if let (false, Some(why)) = (ok, &pcr.signed_refusal) {
+                    key["signed_policy_error"] = json!(crate::ui::printable(why));
                     problems.add(
                         bits::PCR,
                         "pcr",

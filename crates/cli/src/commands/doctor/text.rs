@@ -200,6 +200,9 @@ fn keystore(out: &mut String, k: &Value) {
         if let Some(pcrs) = key["pcrs"].as_str() {
             let state = match key["pcr_policy_satisfied"].as_bool() {
                 Some(true) => "satisfied".to_string(),
+                Some(false) if key["signed_policy_error"].is_string() => {
+                    "NOT SATISFIED (no signed policy holds)".to_string()
+                }
                 Some(false) => "NOT SATISFIED (PCRs changed)".to_string(),
                 None => key["pcr_error"]
                     .as_str()
