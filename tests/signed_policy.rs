@@ -890,3 +890,59 @@ fn concurrent_add_policy_loses_no_policy() {
         );
     }
 }
+
+/// A key with a PIN and a PCR signer whose signed policies do not hold
+/// (none attached yet, or the PCRs moved on) is refused before anyone is
+/// asked for its PIN: the askpass program was run, and a person typed a
+/// PIN that could not be used.
+#[test]
+fn no_pin_is_asked_for_while_no_signed_policy_holds() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r: Run = tpmcrypt(d)
+        .args(["--tpm", &t, "key", "create", "k", "--pin"])
+        .args(["--pcr-signer", "signer.pub", "--pcrs", PCRS])
+        .env("TPMCRYPT_PIN", "2468")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&r, "key create --pin --pcr-signer");
+    fs::write(d.join("f"), b"pinned").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    let askpass = d.join("askpass.sh");
+    fs::write(&askpass, "#!/bin/sh\necho asked >> \"$0.log\"\necho 2468\n").unwrap();
+    common::chmod(&askpass, 0o700);
+    // setsid: no controlling terminal, so the askpass program is the source.
+    let decrypt = || -> Run {
+        let mut cmd = common::wrapper(d, "setsid");
+        cmd.arg(common::bin())
+            .args(["--tpm", &t, "decrypt", "-o", "-", "f.tpmc"])
+            .env("TPMCRYPT_ASKPASS", &askpass)
+            .stdin(std::process::Stdio::null());
+        cmd.output().expect("spawn").into()
+    };
+    let asked = || fs::read_to_string(d.join("askpass.sh.log")).unwrap_or_default();
+    let r = decrypt();
+    common::assert_error_line(&r, TPM, None, &["no signed PCR policy yet"], "none yet");
+    assert_eq!(asked(), "", "asked for a PIN that could not be used");
+
+    sign_current(d, &t, "signer", "now.policy");
+    assert_ok(&plain(d, &["key", "add-policy", "k", "now.policy"]), "add");
+    let r = decrypt();
+    assert_ok(&r, "decrypt with the PIN from askpass");
+    assert_eq!(r.stdout, b"pinned");
+    assert_eq!(asked(), "asked\n", "asked once");
+
+    extend7(&sim, d);
+    let r = decrypt();
+    common::assert_error_line(&r, TPM, None, &["PCR 7 is"], "PCRs moved on");
+    assert_eq!(
+        asked(),
+        "asked\n",
+        "not asked again for a policy that does not hold"
+    );
+    assert_no_handles(&sim, d, "refusals before the PIN");
+}
