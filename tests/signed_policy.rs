@@ -946,3 +946,91 @@ fn no_pin_is_asked_for_while_no_signed_policy_holds() {
     );
     assert_no_handles(&sim, d, "refusals before the PIN");
 }
+
+/// Another user who can read the keystore directory (mode 0755 is
+/// trusted: not writable by others) cannot make `key add-policy` wait for
+/// ever by holding a lock on it: the lock is on a file only its owner
+/// opens.
+#[test]
+fn another_user_cannot_block_add_policy() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    sign_current(d, &t, "signer", "now.policy");
+    drop(sim);
+    let home = d.join(".tpmcrypt-home");
+    common::chmod(d, 0o755);
+    common::chmod(&home, 0o755);
+    // nobody opens and locks whatever the keystore holds that it can open.
+    let script = "import fcntl, os, sys, time\n\
+        home = sys.argv[1]\n\
+        held = []\n\
+        for p in [home] + [os.path.join(home, n) for n in os.listdir(home)]:\n\
+        \x20   try:\n\
+        \x20       fd = os.open(p, os.O_RDONLY)\n\
+        \x20       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n\
+        \x20       held.append(fd)\n\
+        \x20   except OSError:\n\
+        \x20       pass\n\
+        print(len(held), flush=True)\n\
+        time.sleep(60)\n";
+    let mut locker = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(&home)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn python3 as nobody");
+    let mut line = String::new();
+    std::io::BufReader::new(locker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.trim().parse::<u32>().unwrap() >= 1,
+        "nobody holds locks: {line}"
+    );
+    let mut add = tpmcrypt(d)
+        .args(["key", "add-policy", "k", "now.policy"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut done = None;
+    for _ in 0..200 {
+        if let Some(s) = add.try_wait().unwrap() {
+            done = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = locker.kill();
+    let _ = locker.wait();
+    if done.is_none() {
+        let _ = add.kill();
+        let _ = add.wait();
+    }
+    assert!(
+        done.is_some_and(|s| s.success()),
+        "key add-policy waited on another user's lock: {done:?}"
+    );
+    assert_eq!(load_key(d, "k").signed_policies().unwrap().len(), 1);
+}

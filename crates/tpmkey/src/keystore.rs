@@ -362,20 +362,42 @@ impl Keystore {
 pub struct KeystoreLock(#[allow(dead_code)] fs::File);
 
 impl Keystore {
-    /// Takes an exclusive lock on the keystore (`flock` on its directory),
-    /// waiting for another holder: a read-modify-write of a key's files
-    /// (`key add-policy`) done under it loses no concurrent change.
+    /// Takes an exclusive lock on the keystore, waiting for another
+    /// holder: a read-modify-write of a key's files (`key add-policy`) done
+    /// under it loses no concurrent change. The lock is `flock` on
+    /// `.lock`, a file of the keystore's owner, mode 0600: a directory
+    /// that others may read (trusted: not writable by them) would let
+    /// another user hold its lock for ever.
     pub fn lock(&self) -> Result<KeystoreLock> {
         use std::os::unix::io::AsRawFd;
-        let dir = fs::File::open(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        let path = self.dir.join(".lock");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Keystore(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        trust::check_owned(&path, &meta, "the keystore's lock file")?;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(&path, e))?;
         loop {
             // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(KeystoreLock(dir));
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(KeystoreLock(file));
             }
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::io(&self.dir, e));
+                return Err(Error::io(&path, e));
             }
         }
     }
