@@ -1034,3 +1034,75 @@ fn another_user_cannot_block_add_policy() {
     );
     assert_eq!(load_key(d, "k").signed_policies().unwrap().len(), 1);
 }
+
+/// A keystore write killed before its rename leaves `.NAME.json.tmpPID`;
+/// a later run with the same PID (PIDs repeat: a service in its own PID
+/// namespace is PID 1 every time) failed on it for ever with "NAME.json:
+/// File exists". Run here as PID 1 of a new PID namespace.
+#[test]
+fn a_temporary_left_by_a_killed_run_does_not_block_the_keystore() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    sign_current(d, &t, "signer", "now.policy");
+    drop(sim);
+    let home = d.join(".tpmcrypt-home");
+    for leftover in [".k.json.tmp1", ".k.pub.pem.tmp1", ".k.key.pem.tmp1"] {
+        fs::write(home.join(leftover), b"half-written").unwrap();
+        common::chmod(&home.join(leftover), 0o600);
+    }
+    let mut cmd = common::wrapper(d, "unshare");
+    cmd.args(["--pid", "--fork"])
+        .arg(common::bin())
+        .args(["key", "add-policy", "k", "now.policy"]);
+    let r: Run = cmd.output().expect("spawn unshare").into();
+    assert_ok(&r, "key add-policy as PID 1 beside PID 1's leftovers");
+    assert_eq!(load_key(d, "k").signed_policies().unwrap().len(), 1);
+    // pcr sign -o and pcr-signer create --out write under temporaries too.
+    fs::write(d.join("again.policy.new1"), b"half-written").unwrap();
+    fs::write(d.join("s2.key.new1"), b"half-written").unwrap();
+    let pid1 = |args: &[&str]| -> Run {
+        let mut cmd = common::wrapper(d, "unshare");
+        cmd.args(["--pid", "--fork"]).arg(common::bin()).args(args);
+        cmd.output().expect("spawn unshare").into()
+    };
+    let values = format!(
+        "sha256:\n  0 : 0x{}\n  7 : 0x{}\n",
+        "01".repeat(32),
+        "02".repeat(32)
+    );
+    fs::write(d.join("v.txt"), values).unwrap();
+    let sign = [
+        "pcr",
+        "sign",
+        "--signer",
+        "signer.key",
+        "--pcrs",
+        PCRS,
+        "--values",
+        "v.txt",
+        "-o",
+        "again.policy",
+    ];
+    assert_ok(&pid1(&sign), "pcr sign as PID 1");
+    assert_ok(
+        &pid1(&["pcr-signer", "create", "--out", "s2.key"]),
+        "pcr-signer create as PID 1",
+    );
+}

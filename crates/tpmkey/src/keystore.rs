@@ -409,7 +409,17 @@ fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         .file_name()
         .and_then(|f| f.to_str())
         .ok_or_else(|| Error::Keystore(format!("bad path {}", path.display())))?;
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    // A random part too: a run killed before its rename leaves its
+    // temporary, and PIDs repeat (a service in its own PID namespace is
+    // PID 1 every time), so a PID alone would collide with it for ever.
+    let mut random = [0u8; 8];
+    openssl::rand::rand_bytes(&mut random)
+        .map_err(|e| Error::Keystore(format!("no random bytes: {e}")))?;
+    let tmp = dir.join(format!(
+        ".{file_name}.tmp{}.{}",
+        std::process::id(),
+        hex::encode(random)
+    ));
     let result = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
