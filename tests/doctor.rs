@@ -666,67 +666,62 @@ fn a_tpm_that_never_answers_is_given_up_after_the_timeout() {
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
 
-/// A key under signed PCR policies is checked as decrypt would choose: a
-/// signed policy that holds now is reported (and which), none holding sets
-/// the PCR bit naming the key, and signing the new values clears it.
+/// A key bound to a PCR signer (`key create --pcr-signer`) is checked as
+/// decrypt would use it: with no signed policy attached, or none that the
+/// current PCRs satisfy, the PCR bit is set (decrypt would refuse it, exit
+/// 4); once the current values are signed and attached, it is not.
 #[test]
 fn a_signed_policy_key_is_checked_against_its_signed_policies() {
     let dir = common::scratch("tpmcrypt-doctor-");
     let d = dir.path();
     let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
-    let signer = d.join("signer.key");
-    let r = run_env(
-        d,
-        &[],
-        &["pcr-signer", "create", "--out", signer.to_str().unwrap()],
-    );
+    let r = run_env(d, &[], &["pcr-signer", "create", "--out", "signer.key"]);
     assert_ok(&r, "pcr-signer create");
-    std::fs::write(d.join("signer.pub"), &r.stdout).expect("signer.pub");
-    let public = d.join("signer.pub");
+    std::fs::write(d.join("signer.pub"), &r.stdout).unwrap();
     create_key(
         d,
         &t,
         "signed",
-        &[
-            "--pcr-signer",
-            public.to_str().unwrap(),
-            "--pcrs",
-            "sha256:7",
-        ],
+        &["--pcr-signer", "signer.pub", "--pcrs", "sha256:7"],
         false,
     );
-    let sign = |out: &str| {
-        let policy = d.join(out);
-        let r = run_env(
-            d,
-            &[],
-            &[
-                "--tpm",
-                &t,
-                "pcr",
-                "sign",
-                "--signer",
-                signer.to_str().unwrap(),
-                "--pcrs",
-                "sha256:7",
-                "--current",
-                "-o",
-                policy.to_str().unwrap(),
-            ],
-        );
-        assert_ok(&r, "pcr sign");
-        let r = run_env(
-            d,
-            &[],
-            &["key", "add-policy", "signed", policy.to_str().unwrap()],
-        );
-        assert_ok(&r, "key add-policy");
-    };
-    sign("now.policy");
     let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
-    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(code, BIT_PCR, "no signed policy attached yet: {v:#}");
+    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], false, "{v:#}");
+    assert_eq!(key(&v, "signed")["pcrs"], "sha256:7", "{v:#}");
+    let reason = v["problems"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("key signed") && reason.contains("no signed PCR policy yet"),
+        "{reason}"
+    );
+    let text = run_env(d, &[], &["--tpm", &t, "doctor"]);
+    let line = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        line.contains("NOT SATISFIED (no signed policy holds)") && !line.contains("PCRs changed"),
+        "{line}"
+    );
+
+    let sign = [
+        "--tpm",
+        &t,
+        "pcr",
+        "sign",
+        "--signer",
+        "signer.key",
+        "--pcrs",
+        "sha256:7",
+        "--current",
+        "-o",
+        "now.policy",
+    ];
+    assert_ok(&run_env(d, &[], &sign), "pcr sign");
+    let add = ["key", "add-policy", "signed", "now.policy"];
+    assert_ok(&run_env(d, &[], &add), "key add-policy");
+    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
+    assert_eq!(code, 0, "its signed policy holds: {v:#}");
     assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], true, "{v:#}");
+
     tpm2_tool(
         &sim,
         d,
@@ -736,15 +731,15 @@ fn a_signed_policy_key_is_checked_against_its_signed_policies() {
         ],
     );
     let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
-    assert_eq!(code, BIT_PCR, "{v:#}");
+    assert_eq!(code, BIT_PCR, "PCR 7 moved past its policy: {v:#}");
     assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], false, "{v:#}");
     let reason = v["problems"][0]["reason"].as_str().unwrap();
     assert!(
-        reason.contains("key signed") && reason.contains("signed polic"),
+        reason.contains("key signed") && reason.contains("PCR 7 is"),
         "{reason}"
     );
-    sign("next.policy");
-    let (code, v) = doctor_json(d, &[], &["--tpm", &t]);
-    assert_eq!(code, 0, "{v:#}");
-    assert_eq!(key(&v, "signed")["pcr_policy_satisfied"], true, "{v:#}");
+    assert!(
+        !reason.contains("create a new key"),
+        "a signed key needs a new signed policy, not a new key: {reason}"
+    );
 }

@@ -858,3 +858,72 @@ fn a_replaced_tpm_a_retired_key_and_a_rotated_recovery_key() {
     let handles = common::tpm_handles(&tpm2, d);
     assert!(handles.is_empty(), "the TPM still holds {handles:?}");
 }
+
+/// An armored file (`encrypt -a`), which `-r` picks by content, is
+/// rekeyed like a binary one and stays armored: rekey keeps a file's
+/// format as it keeps its payload parameters.
+#[test]
+fn an_armored_file_is_rekeyed_and_stays_armored() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    let (fp1, fp2) = (recovery_fp(d, &r1), recovery_fp(d, &r2));
+    fs::create_dir(d.join("docs")).unwrap();
+    let sizes = [0usize, 70_000];
+    for (i, n) in sizes.iter().enumerate() {
+        fs::write(d.join(format!("docs/a{i}")), bytes(*n, i as u64 + 11)).unwrap();
+    }
+    fs::write(d.join("docs/b"), b"binary one").unwrap();
+    assert_ok(
+        &run(
+            d,
+            &[
+                "encrypt",
+                "-a",
+                "-R",
+                &r1,
+                "--in-place",
+                "docs/a0",
+                "docs/a1",
+            ],
+        ),
+        "encrypt -a",
+    );
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r1, "--in-place", "docs/b"]),
+        "encrypt",
+    );
+
+    let r = run(d, &["-v", "rekey", "-i", "r1.key", "-R", &r2, "-r", "docs"]);
+    assert_ok(&r, "rekey of armored and binary files");
+    assert!(
+        rekey_summary(&r).starts_with("tpmcrypt: rekeyed 3 file(s), "),
+        "{}",
+        r.stderr
+    );
+    for (i, n) in sizes.iter().enumerate() {
+        let f = format!("docs/a{i}.tpmc");
+        let text = fs::read(d.join(&f)).unwrap();
+        assert!(
+            text.starts_with(b"-----BEGIN TPMCRYPT ENCRYPTED FILE-----\n"),
+            "{f} stays armored"
+        );
+        assert_eq!(who(d, &f).1, BTreeSet::from([rec(&fp1), rec(&fp2)]), "{f}");
+        assert_eq!(
+            plaintext(d, &["-i", "r2.key"], &f).stdout,
+            bytes(*n, i as u64 + 11),
+            "{f}"
+        );
+    }
+    let b = fs::read(d.join("docs/b.tpmc")).unwrap();
+    assert!(!b.starts_with(b"-----"), "a binary file stays binary");
+    assert_eq!(
+        plaintext(d, &["-i", "r2.key"], "docs/b.tpmc").stdout,
+        b"binary one"
+    );
+    assert_eq!(
+        listing(&d.join("docs")),
+        vec!["a0.tpmc", "a1.tpmc", "b.tpmc"]
+    );
+}

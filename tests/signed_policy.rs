@@ -811,3 +811,298 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
     let r = plain(d, &["key", "add-policy", "nokey", "s.pub"]);
     assert_eq!(r.code, 1, "no such key: {}", r.stderr);
 }
+
+/// `key add-policy` run several times at once on one key (policies
+/// attached by separate jobs) keeps every policy: each reads the key file,
+/// adds its policy and writes it back, and without a lock a later write
+/// replaced an earlier one's policy, which every run still reported as
+/// added.
+#[test]
+fn concurrent_add_policy_loses_no_policy() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    drop(sim);
+    let mut total = 0;
+    for round in 0..2u8 {
+        let (mut files, mut children) = (Vec::new(), Vec::new());
+        for i in 0..8u8 {
+            let n = round * 8 + i;
+            let values = format!(
+                "sha256:\n  0 : 0x{}\n  7 : 0x{}\n",
+                format!("{n:02x}").repeat(32),
+                "ab".repeat(32)
+            );
+            let (v, p) = (format!("v{n}.txt"), format!("p{n}.policy"));
+            fs::write(d.join(&v), values).unwrap();
+            let r = plain(
+                d,
+                &[
+                    "pcr",
+                    "sign",
+                    "--signer",
+                    "signer.key",
+                    "--pcrs",
+                    PCRS,
+                    "--values",
+                    &v,
+                    "-o",
+                    &p,
+                ],
+            );
+            assert_ok(&r, "pcr sign --values");
+            files.push(p);
+        }
+        // All at once.
+        for p in &files {
+            children.push(
+                tpmcrypt(d)
+                    .args(["key", "add-policy", "k", p])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn"),
+            );
+        }
+        for mut c in children {
+            assert!(c.wait().unwrap().success(), "key add-policy");
+        }
+        total += 8;
+        let held = load_key(d, "k").signed_policies().unwrap().len();
+        assert_eq!(
+            held, total,
+            "round {round}: policies lost to a concurrent write"
+        );
+    }
+}
+
+/// A key with a PIN and a PCR signer whose signed policies do not hold
+/// (none attached yet, or the PCRs moved on) is refused before anyone is
+/// asked for its PIN: the askpass program was run, and a person typed a
+/// PIN that could not be used.
+#[test]
+fn no_pin_is_asked_for_while_no_signed_policy_holds() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r: Run = tpmcrypt(d)
+        .args(["--tpm", &t, "key", "create", "k", "--pin"])
+        .args(["--pcr-signer", "signer.pub", "--pcrs", PCRS])
+        .env("TPMCRYPT_PIN", "2468")
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ok(&r, "key create --pin --pcr-signer");
+    fs::write(d.join("f"), b"pinned").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    let askpass = d.join("askpass.sh");
+    fs::write(&askpass, "#!/bin/sh\necho asked >> \"$0.log\"\necho 2468\n").unwrap();
+    common::chmod(&askpass, 0o700);
+    // setsid: no controlling terminal, so the askpass program is the source.
+    let decrypt = || -> Run {
+        let mut cmd = common::wrapper(d, "setsid");
+        cmd.arg(common::bin())
+            .args(["--tpm", &t, "decrypt", "-o", "-", "f.tpmc"])
+            .env("TPMCRYPT_ASKPASS", &askpass)
+            .stdin(std::process::Stdio::null());
+        cmd.output().expect("spawn").into()
+    };
+    let asked = || fs::read_to_string(d.join("askpass.sh.log")).unwrap_or_default();
+    let r = decrypt();
+    common::assert_error_line(&r, TPM, None, &["no signed PCR policy yet"], "none yet");
+    assert_eq!(asked(), "", "asked for a PIN that could not be used");
+
+    sign_current(d, &t, "signer", "now.policy");
+    assert_ok(&plain(d, &["key", "add-policy", "k", "now.policy"]), "add");
+    let r = decrypt();
+    assert_ok(&r, "decrypt with the PIN from askpass");
+    assert_eq!(r.stdout, b"pinned");
+    assert_eq!(asked(), "asked\n", "asked once");
+
+    extend7(&sim, d);
+    let r = decrypt();
+    common::assert_error_line(&r, TPM, None, &["PCR 7 is"], "PCRs moved on");
+    assert_eq!(
+        asked(),
+        "asked\n",
+        "not asked again for a policy that does not hold"
+    );
+    assert_no_handles(&sim, d, "refusals before the PIN");
+}
+
+/// Another user who can read the keystore directory (mode 0755 is
+/// trusted: not writable by others) cannot make `key add-policy` wait for
+/// ever by holding a lock on it: the lock is on a file only its owner
+/// opens.
+#[test]
+fn another_user_cannot_block_add_policy() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    sign_current(d, &t, "signer", "now.policy");
+    drop(sim);
+    let home = d.join(".tpmcrypt-home");
+    common::chmod(d, 0o755);
+    common::chmod(&home, 0o755);
+    // nobody opens and locks whatever the keystore holds that it can open.
+    let script = "import fcntl, os, sys, time\n\
+        home = sys.argv[1]\n\
+        held = []\n\
+        for p in [home] + [os.path.join(home, n) for n in os.listdir(home)]:\n\
+        \x20   try:\n\
+        \x20       fd = os.open(p, os.O_RDONLY)\n\
+        \x20       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n\
+        \x20       held.append(fd)\n\
+        \x20   except OSError:\n\
+        \x20       pass\n\
+        print(len(held), flush=True)\n\
+        time.sleep(60)\n";
+    let mut locker = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(&home)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn python3 as nobody");
+    let mut line = String::new();
+    std::io::BufReader::new(locker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.trim().parse::<u32>().unwrap() >= 1,
+        "nobody holds locks: {line}"
+    );
+    let mut add = tpmcrypt(d)
+        .args(["key", "add-policy", "k", "now.policy"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut done = None;
+    for _ in 0..200 {
+        if let Some(s) = add.try_wait().unwrap() {
+            done = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = locker.kill();
+    let _ = locker.wait();
+    if done.is_none() {
+        let _ = add.kill();
+        let _ = add.wait();
+    }
+    assert!(
+        done.is_some_and(|s| s.success()),
+        "key add-policy waited on another user's lock: {done:?}"
+    );
+    assert_eq!(load_key(d, "k").signed_policies().unwrap().len(), 1);
+}
+
+/// A keystore write killed before its rename leaves `.NAME.json.tmpPID`;
+/// a later run with the same PID (PIDs repeat: a service in its own PID
+/// namespace is PID 1 every time) failed on it for ever with "NAME.json:
+/// File exists". Run here as PID 1 of a new PID namespace.
+#[test]
+fn a_temporary_left_by_a_killed_run_does_not_block_the_keystore() {
+    let dir = common::scratch("tpmcrypt-signed-");
+    let d = dir.path();
+    let sim = swtpm(d);
+    let t = sim.tcti();
+    signer(d, "signer");
+    let r = tc(
+        d,
+        &t,
+        &[
+            "key",
+            "create",
+            "k",
+            "--pcr-signer",
+            "signer.pub",
+            "--pcrs",
+            PCRS,
+        ],
+    );
+    assert_ok(&r, "key create --pcr-signer");
+    sign_current(d, &t, "signer", "now.policy");
+    drop(sim);
+    let home = d.join(".tpmcrypt-home");
+    for leftover in [".k.json.tmp1", ".k.pub.pem.tmp1", ".k.key.pem.tmp1"] {
+        fs::write(home.join(leftover), b"half-written").unwrap();
+        common::chmod(&home.join(leftover), 0o600);
+    }
+    let mut cmd = common::wrapper(d, "unshare");
+    cmd.args(["--pid", "--fork"])
+        .arg(common::bin())
+        .args(["key", "add-policy", "k", "now.policy"]);
+    let r: Run = cmd.output().expect("spawn unshare").into();
+    assert_ok(&r, "key add-policy as PID 1 beside PID 1's leftovers");
+    assert_eq!(load_key(d, "k").signed_policies().unwrap().len(), 1);
+    // pcr sign -o and pcr-signer create --out write under temporaries too.
+    fs::write(d.join("again.policy.new1"), b"half-written").unwrap();
+    fs::write(d.join("s2.key.new1"), b"half-written").unwrap();
+    let pid1 = |args: &[&str]| -> Run {
+        let mut cmd = common::wrapper(d, "unshare");
+        cmd.args(["--pid", "--fork"]).arg(common::bin()).args(args);
+        cmd.output().expect("spawn unshare").into()
+    };
+    let values = format!(
+        "sha256:\n  0 : 0x{}\n  7 : 0x{}\n",
+        "01".repeat(32),
+        "02".repeat(32)
+    );
+    fs::write(d.join("v.txt"), values).unwrap();
+    let sign = [
+        "pcr",
+        "sign",
+        "--signer",
+        "signer.key",
+        "--pcrs",
+        PCRS,
+        "--values",
+        "v.txt",
+        "-o",
+        "again.policy",
+    ];
+    assert_ok(&pid1(&sign), "pcr sign as PID 1");
+    assert_ok(
+        &pid1(&["pcr-signer", "create", "--out", "s2.key"]),
+        "pcr-signer create as PID 1",
+    );
+}

@@ -366,6 +366,12 @@ impl TpmKey {
                 other => other,
             });
         }
+        if self.blob.signer()?.is_some() {
+            // No signed policy holds: refused before anyone is asked for a
+            // PIN that could not be used.
+            self.access
+                .with(|tpm| tpm.signed_policy_holds(&self.blob))?;
+        }
         loop {
             let pin = self.pins.get(&self.pin_id, &self.name)?;
             match self.access.with(|tpm| op(tpm, Some(&pin[..]))) {

@@ -356,13 +356,70 @@ impl Keystore {
 /// lives above this crate and carries what a bulk run needs (temporaries
 /// named for crash clean-up, group commit, owner and mode kept); a key file
 /// is small, written rarely, one at a time.
+/// An exclusive lock on a keystore ([`Keystore::lock`]), released when
+/// dropped.
+#[derive(Debug)]
+pub struct KeystoreLock(#[allow(dead_code)] fs::File);
+
+impl Keystore {
+    /// Takes an exclusive lock on the keystore, waiting for another
+    /// holder: a read-modify-write of a key's files (`key add-policy`) done
+    /// under it loses no concurrent change. The lock is `flock` on
+    /// `.lock`, a file of the keystore's owner, mode 0600: a directory
+    /// that others may read (trusted: not writable by them) would let
+    /// another user hold its lock for ever.
+    pub fn lock(&self) -> Result<KeystoreLock> {
+        use std::os::unix::io::AsRawFd;
+        let path = self.dir.join(".lock");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        if !meta.is_file() {
+            return Err(Error::Keystore(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        trust::check_owned(&path, &meta, "the keystore's lock file")?;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(&path, e))?;
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(KeystoreLock(file));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io(&path, e));
+            }
+        }
+    }
+}
+
 fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let file_name = path
         .file_name()
         .and_then(|f| f.to_str())
         .ok_or_else(|| Error::Keystore(format!("bad path {}", path.display())))?;
-    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    // A random part too: a run killed before its rename leaves its
+    // temporary, and PIDs repeat (a service in its own PID namespace is
+    // PID 1 every time), so a PID alone would collide with it for ever.
+    let mut random = [0u8; 8];
+    openssl::rand::rand_bytes(&mut random)
+        .map_err(|e| Error::Keystore(format!("no random bytes: {e}")))?;
+    let tmp = dir.join(format!(
+        ".{file_name}.tmp{}.{}",
+        std::process::id(),
+        hex::encode(random)
+    ));
     let result = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)

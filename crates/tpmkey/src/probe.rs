@@ -108,14 +108,12 @@ pub struct KeyCheck {
 pub struct PcrCheck {
     /// The PCRs the key is bound to, e.g. `sha256:0,7`.
     pub selection: String,
-    /// Whether their current values give the digest the key recorded (for
-    /// a key under signed policies: whether one of them holds now); `Err`
-    /// if they could not be read.
+    /// Whether their current values give the digest the key recorded;
+    /// `Err` if they could not be read.
     pub satisfied: Result<bool, String>,
-    /// For a key under signed PCR policies: the one that holds now ("signed
-    /// policy 2 of 3 (sha256:0,7)"), or why none does (the PCRs that differ
-    /// from the closest, a bad signature, another signer).
-    pub signed: Option<String>,
+    /// For a key bound to a PCR signer (PolicyAuthorize): why none of its
+    /// signed policies holds now (decrypt's refusal), when none does.
+    pub signed_refusal: Option<String>,
 }
 
 /// A TPM device node.

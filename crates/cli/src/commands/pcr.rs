@@ -109,7 +109,11 @@ fn create_signer(out: &Path) -> anyhow::Result<i32> {
     let public = signer.public()?.to_pem()?;
     let pem = signer.to_pem()?;
     let mut tmp_name = out.as_os_str().to_owned();
-    tmp_name.push(format!(".new{}", std::process::id()));
+    tmp_name.push(format!(
+        ".new{}.{:016x}",
+        std::process::id(),
+        crate::atomic::random_u64()
+    ));
     let tmp = PathBuf::from(tmp_name);
     let mut file = OpenOptions::new()
         .write(true)
@@ -204,7 +208,11 @@ fn read_signer_key(path: &Path) -> anyhow::Result<PcrSigner> {
 fn write_public(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     let ctx = || crate::ui::shown(path);
     let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(format!(".new{}", std::process::id()));
+    tmp_name.push(format!(
+        ".new{}.{:016x}",
+        std::process::id(),
+        crate::atomic::random_u64()
+    ));
     let tmp = PathBuf::from(tmp_name);
     let r = (|| -> std::io::Result<()> {
         let mut f = OpenOptions::new()
@@ -343,6 +351,9 @@ pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String
 /// checked in software first (the key's signer, a valid signature, the
 /// key's PCR selection).
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
+    // Read, add, write back under the keystore's lock: two runs at once
+    // would otherwise each write the key file without the other's policy.
+    let _lock = store.lock()?;
     let (mut blob, meta) = store.load(name)?;
     if blob.signer()?.is_none() {
         return Err(usage(format!(

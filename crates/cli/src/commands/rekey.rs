@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use clap::Args;
 use rand_core::CryptoRngCore;
+use tpmcrypt_cipher::armor;
 use tpmcrypt_cipher::format::{Header, Stanza, FINGERPRINT_LEN};
 use tpmcrypt_cipher::recipient::{kind, Recipient};
 use tpmcrypt_cipher::recovery::RecoveryKey;
@@ -299,7 +300,13 @@ impl Rekeyer {
         output: &mut (dyn Write + Send),
         opts: &StreamOptions<'_>,
     ) -> Result<u64, CipherError> {
-        let header = Header::read_from(&mut &*input)?;
+        // An armored file stays armored (`-r` picks it by content).
+        let armored = armor::file_starts_armor(input)?;
+        let header = if armored {
+            Header::read_from(&mut armor::ArmoredReader::new(&*input)).map_err(armor::lift)?
+        } else {
+            Header::read_from(&mut &*input)?
+        };
         let to = self.targets.for_header(&header)?;
         // The session key before anything is written: a file no identity
         // opens fails here.
@@ -308,8 +315,8 @@ impl Rekeyer {
         input.rewind()?;
         let (mut writer, reader) = crate::plainpipe::pipe(4);
         std::thread::scope(|scope| {
-            let sealing = scope.spawn(|| encryptor.encrypt(reader, output, opts));
-            let opened = self.decryptor.decrypt_file(input, &mut writer, opts);
+            let sealing = scope.spawn(|| seal(&encryptor, reader, output, opts, armored));
+            let opened = self.decryptor.decrypt_any_file(input, &mut writer, opts);
             let finished = opened.and_then(|n| writer.finish().map(|()| n).map_err(Into::into));
             let sealed = sealing
                 .join()
@@ -327,6 +334,23 @@ impl Rekeyer {
             }
         })
     }
+}
+
+/// Encrypts `input` onto `output`, as ASCII armor if `armored`.
+fn seal<R: std::io::Read>(
+    encryptor: &Encryptor,
+    input: R,
+    output: &mut (dyn Write + Send),
+    opts: &StreamOptions<'_>,
+    armored: bool,
+) -> Result<u64, CipherError> {
+    if !armored {
+        return encryptor.encrypt(input, output, opts);
+    }
+    let mut out = armor::ArmoredWriter::new(output);
+    let n = encryptor.encrypt(input, &mut out, opts)?;
+    out.finish()?;
+    Ok(n)
 }
 
 /// Whether a decryption failed only because its encryption stopped.

@@ -185,7 +185,7 @@ impl Tpm {
                 Some(PcrCheck {
                     selection: sel.to_string(),
                     satisfied,
-                    signed: None,
+                    signed_refusal: None,
                 })
             }
         };
@@ -198,23 +198,30 @@ impl Tpm {
 }
 
 impl Tpm {
-    /// A key under signed PCR policies, checked as an unbind would choose
-    /// (signer, signature, then the PCRs' current values; PCR_Read only, no
-    /// policy session, no authorization).
+    /// Whether one of the signed policies of a key bound to a PCR signer
+    /// holds now, as decrypt chooses it (signer, signature, policyRef and
+    /// the current PCRs checked in software, PCR_Read only: no policy
+    /// session, no try).
     fn check_signed(&mut self, key: &KeyBlob) -> Result<PcrCheck> {
-        self.alive()?;
-        let selection = "signed policies".to_string();
-        let (satisfied, signed) = match self.choose_signed(key) {
-            Ok(Some((_, used))) => (Ok(true), Some(used)),
-            Ok(None) => (Err("the key names no PCR signer".into()), None),
+        let selection = match key.signed_policies()?.first() {
+            Some(p) => p.selection.to_string(),
+            None => "(none signed yet)".to_string(),
+        };
+        let used = self.signed_used.len();
+        let chosen = self.choose_signed(key);
+        self.signed_used.truncate(used);
+        let (satisfied, signed_refusal) = match chosen {
+            Ok(_) => (Ok(true), None),
             Err(e @ Error::ConnectionLost { .. }) => return Err(e),
-            Err(Error::NoSignedPolicy(why) | Error::SignedPolicy(why)) => (Ok(false), Some(why)),
+            Err(e @ (Error::NoSignedPolicy(_) | Error::SignedPolicy(_))) => {
+                (Ok(false), Some(e.to_string()))
+            }
             Err(e) => (Err(e.to_string()), None),
         };
         Ok(PcrCheck {
             selection,
             satisfied,
-            signed,
+            signed_refusal,
         })
     }
 }

@@ -530,6 +530,17 @@ impl Tpm {
         Ok(Some((chosen.clone(), text)))
     }
 
+    /// Whether a signed policy of `key` holds now, as an unbind would
+    /// choose one (Ok for a key bound to no PCR signer): signer, signature
+    /// and policyRef checked in software, the PCRs read (PCR_Read only,
+    /// nothing that needs the key's authorization). Recorded nowhere.
+    pub fn signed_policy_holds(&mut self, key: &KeyBlob) -> Result<()> {
+        let used = self.signed_used.len();
+        let chosen = self.choose_signed(key).map(|_| ());
+        self.signed_used.truncate(used);
+        chosen
+    }
+
     /// The signed policies unbinds used so far, as "signed policy 2 of 3
     /// (sha256:0,7)".
     pub fn signed_policies_used(&self) -> &[String] {

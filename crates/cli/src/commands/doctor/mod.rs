@@ -382,12 +382,10 @@ fn key_json(store: &Keystore, name: &str, tpm: Option<&mut Tpm>, problems: &mut 
     };
     key["alg"] = json!(meta.alg);
     key["pin"] = json!(!blob.empty_auth);
-    key["pcrs"] = json!(blob.pcr_policy().ok().flatten().map(|(s, _)| s.to_string()));
-    key["pcr_signer"] = json!(blob
-        .signer()
-        .ok()
-        .flatten()
-        .and_then(|s| s.fingerprint().ok()));
+    let pcrs = blob.pcr_policy().ok().flatten().map(|(s, _)| s.to_string());
+    // A key bound to a PCR signer records no PCR digest: its PCRs are
+    // those of its signed policies (`key create --pcrs`).
+    key["pcrs"] = json!(pcrs.or(meta.pcrs.clone()));
     let Some(tpm) = tpm else {
         return key;
     };
@@ -422,26 +420,22 @@ fn key_check_json(key: &mut Value, name: &str, check: &KeyCheck, problems: &mut 
         );
     }
     if let Some(pcr) = &check.pcr {
-        if let Some(signed) = &pcr.signed {
-            key["signed_policy"] = json!(crate::ui::printable(signed));
-        }
         match &pcr.satisfied {
-            Ok(false) if pcr.signed.is_some() => {
-                key["pcr_policy_satisfied"] = json!(false);
-                let why = crate::ui::printable(pcr.signed.as_deref().unwrap_or_default());
-                problems.add(
-                    bits::PCR,
-                    "pcr",
-                    format!(
-                        "key {name}: no signed policy holds now, the TPM would refuse it ({why}); \
-                         sign the current values (`tpmcrypt pcr sign --current`) and `key \
-                         add-policy` them"
-                    ),
-                );
-            }
             Ok(ok) => {
                 key["pcr_policy_satisfied"] = json!(ok);
-                if !ok {
+                if let (false, Some(why)) = (ok, &pcr.signed_refusal) {
+                    key["signed_policy_error"] = json!(crate::ui::printable(why));
+                    problems.add(
+                        bits::PCR,
+                        "pcr",
+                        format!(
+                            "key {name}: {} (decrypt would refuse it: sign the current or \
+                             expected PCR values with `tpmcrypt pcr sign` and attach them with \
+                             `tpmcrypt key add-policy`)",
+                            crate::ui::printable(why)
+                        ),
+                    );
+                } else if !ok {
                     problems.add(
                         bits::PCR,
                         "pcr",

@@ -200,6 +200,9 @@ fn keystore(out: &mut String, k: &Value) {
         if let Some(pcrs) = key["pcrs"].as_str() {
             let state = match key["pcr_policy_satisfied"].as_bool() {
                 Some(true) => "satisfied".to_string(),
+                Some(false) if key["signed_policy_error"].is_string() => {
+                    "NOT SATISFIED (no signed policy holds)".to_string()
+                }
                 Some(false) => "NOT SATISFIED (PCRs changed)".to_string(),
                 None => key["pcr_error"]
                     .as_str()
@@ -207,17 +210,6 @@ fn keystore(out: &mut String, k: &Value) {
                     .to_string(),
             };
             parts.push(format!("PCRs {pcrs} {state}"));
-        }
-        if let Some(signer) = key["pcr_signer"].as_str() {
-            let state = match key["pcr_policy_satisfied"].as_bool() {
-                Some(true) => format!("holds now: {}", s(&key["signed_policy"])),
-                Some(false) => format!("NONE HOLDS: {}", s(&key["signed_policy"])),
-                None => key["pcr_error"]
-                    .as_str()
-                    .unwrap_or("not checked")
-                    .to_string(),
-            };
-            parts.push(format!("signed PCR policies of signer {signer}, {state}"));
         }
         if key["pin"].as_bool() == Some(true) {
             parts.push("PIN needed".into());
