@@ -252,6 +252,9 @@ fn read_values(file: &Path, sel: &PcrSelection) -> anyhow::Result<Vec<Vec<u8>>> 
 
 /// Parses the text tpm2_pcrread prints: a bank line (`  sha256:`) followed
 /// by `  INDEX : 0xHEX` lines. Every PCR of `sel` must be given, once.
+/// Hand-written, not a YAML crate: the YAML 1.2 core schema types `0x…` as
+/// an integer (a 256-bit digest is not one), and this one shape is all
+/// tpm2_pcrread prints; anything else is refused with its line number.
 fn parse_pcrread_text(text: &str, sel: &PcrSelection) -> Result<Vec<Vec<u8>>, String> {
     let bank = sel.to_string();
     let bank = bank.split(':').next().unwrap_or_default().to_string();
