@@ -7,9 +7,10 @@
 //! 8 algorithms, 16 lockout, 32 keys, 64 PCR policy, 128 agent.
 
 mod common;
+use common::{closed_tcti, lockout_counter, swtpm};
 
 use std::fs;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -25,26 +26,6 @@ const BIT_TPM: i32 = 4;
 const BIT_LOCKOUT: i32 = 16;
 const BIT_PCR: i32 = 64;
 const BIT_AGENT: i32 = 128;
-
-fn swtpm(dir: &Path, name: &str) -> Simulator {
-    Simulator::start(&dir.join(name))
-        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
-}
-
-/// The TCTI of a port nobody listens on (probed: connecting is refused).
-fn closed_tcti() -> String {
-    for _ in 0..20 {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
-        let refused = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_err();
-        if port < u16::MAX && refused(port) && refused(port + 1) {
-            return format!("swtpm:host=127.0.0.1,port={port}");
-        }
-    }
-    panic!("no closed loopback port found");
-}
 
 /// Runs tpmcrypt in `dir` with extra environment and arguments.
 fn run_env(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Run {
@@ -106,16 +87,6 @@ fn tpm_state(sim: &Simulator, dir: &Path) -> String {
         out.push_str(&tpm2_tool(sim, dir, args));
     }
     out
-}
-
-fn lockout_counter(sim: &Simulator, dir: &Path) -> u64 {
-    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
-        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
-    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
-    u64::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
 #[test]

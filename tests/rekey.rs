@@ -7,6 +7,7 @@
 //! recovery key.
 
 mod common;
+use common::swtpm;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -16,7 +17,6 @@ use std::time::Duration;
 
 use common::{assert_error_line, assert_ok, bytes, listing, recovery, run, tpmcrypt, Run};
 use serde_json::Value;
-use tpmcrypt_tpmkey::Simulator;
 
 const INTEGRITY: i32 = 3;
 const USAGE: i32 = 2;
@@ -676,11 +676,6 @@ fn a_large_file_is_rekeyed_in_constant_memory() {
 }
 
 // ------------------------------------------------------------ on swtpm
-
-fn swtpm(d: &Path, name: &str) -> Simulator {
-    Simulator::start(&d.join(name))
-        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
-}
 
 fn tc(d: &Path, tcti: &str, args: &[&str]) -> Run {
     let mut a = vec!["--tpm", tcti];

@@ -5,6 +5,7 @@
 //! same policy by hand.
 
 mod common;
+use common::{lockout_counter, swtpm};
 
 use std::fs;
 use std::io::{Read, Write};
@@ -18,11 +19,6 @@ use tpmcrypt_tpmkey::{KeyBlob, Simulator};
 
 const TPM: i32 = 4;
 const PCRS: &str = "sha256:0,7";
-
-fn swtpm(dir: &Path) -> Simulator {
-    Simulator::start(&dir.join("swtpm"))
-        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
-}
 
 fn tc(dir: &Path, tcti: &str, args: &[&str]) -> Run {
     tpmcrypt(dir)
@@ -106,7 +102,7 @@ fn sign_current(dir: &Path, t: &str, signer: &str, out: &str) {
 fn a_signed_policy_survives_a_pcr_change_once_the_new_values_are_signed() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let rec = common::recovery(d, "recovery.key");
@@ -239,7 +235,7 @@ fn a_signed_policy_survives_a_pcr_change_once_the_new_values_are_signed() {
 fn policies_of_another_signer_or_with_a_bad_signature_are_refused() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "mine");
     signer(d, "theirs");
@@ -391,7 +387,7 @@ fn port_of(tcti: &str) -> u16 {
 fn tpm_commands_of_one_unbind_are_counted() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let r = tc(
@@ -460,7 +456,7 @@ fn tpm_commands_of_one_unbind_are_counted() {
 fn tpm2_tools_satisfy_the_signed_policy_by_hand() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     let tool = |args: &[&str]| tpm2_tool(&sim, d, args);
     let flush = || {
@@ -647,17 +643,6 @@ fn tpm2_tools_satisfy_the_signed_policy_by_hand() {
     flush();
 }
 
-/// The TPM's dictionary-attack failure counter.
-fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
-    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
-        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
-    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
-    u32::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
-}
-
 /// With a PIN: PolicyAuthValue follows PolicyAuthorize in the key's own
 /// policy (no signer can drop it). A policy that does not hold is refused
 /// before the PIN is presented: no dictionary-attack try is spent.
@@ -665,7 +650,7 @@ fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
 fn a_pin_stays_required_and_a_mismatch_spends_no_try() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     let with_pin = |pin: &str, args: &[&str]| -> Run {
         tpmcrypt(d)
@@ -821,7 +806,7 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
 fn concurrent_add_policy_loses_no_policy() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let r = tc(
@@ -899,7 +884,7 @@ fn concurrent_add_policy_loses_no_policy() {
 fn no_pin_is_asked_for_while_no_signed_policy_holds() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let r: Run = tpmcrypt(d)
@@ -958,7 +943,7 @@ fn another_user_cannot_block_add_policy() {
     const NOBODY: u32 = 65534;
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let r = tc(
@@ -1043,7 +1028,7 @@ fn another_user_cannot_block_add_policy() {
 fn a_temporary_left_by_a_killed_run_does_not_block_the_keystore() {
     let dir = common::scratch("tpmcrypt-signed-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     signer(d, "signer");
     let r = tc(

@@ -10,6 +10,7 @@
 //! `setuid`, and a PIN file is given to uid 65534 to be refused.
 
 mod common;
+use common::{lockout_counter, swtpm};
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -29,11 +30,6 @@ const NOBODY: u32 = 65534;
 const PIN: &str = "8642";
 
 // ---------------------------------------------------------------- helpers
-
-fn swtpm(dir: &Path) -> Simulator {
-    Simulator::start(&dir.join("swtpm"))
-        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
-}
 
 /// `tpmcrypt --tpm TCTI ARGS…` in `dir`, with `env`, without a controlling
 /// terminal (a new session), so that no prompt can reach a tester's tty.
@@ -84,17 +80,6 @@ fn da_setup(sim: &Simulator, dir: &Path, max_tries: u32) {
             "--lockout-recovery-time=600",
         ],
     );
-}
-
-/// The TPM's dictionary-attack failure counter (TPM2_PT_LOCKOUT_COUNTER).
-fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
-    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
-        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
-    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
-    u32::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
 /// A PIN-protected key `pinned` created with `--pin-file`, and `n` files
@@ -163,7 +148,7 @@ fn askpass_prompts(d: &Path) -> Vec<String> {
 fn each_pin_source_opens_a_pin_protected_key() {
     let dir = common::scratch("tpmcrypt-sd-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     let files = pinned_key_and_files(d, &t, 1);
     let decrypt = |env: &[(&str, &str)], extra: &[&str]| {
@@ -242,7 +227,7 @@ fn each_pin_source_opens_a_pin_protected_key() {
 fn a_wrong_pin_from_a_file_costs_one_try_and_names_the_file() {
     let dir = common::scratch("tpmcrypt-sd-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     da_setup(&sim, d, 10);
     let files = pinned_key_and_files(d, &t, 3);
@@ -331,7 +316,7 @@ fn a_wrong_pin_from_a_file_costs_one_try_and_names_the_file() {
 fn a_pin_file_others_could_read_is_refused() {
     let dir = common::scratch("tpmcrypt-sd-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     let files = pinned_key_and_files(d, &t, 1);
     let pin = secret_file(&d.join("pin"), PIN);
@@ -456,7 +441,7 @@ fn first_line(child: &mut Child) -> String {
 fn a_socket_activated_agent_serves_decrypts() {
     let dir = common::scratch("tpmcrypt-sd-");
     let d = dir.path();
-    let sim = swtpm(d);
+    let sim = swtpm(d, "swtpm");
     let t = sim.tcti();
     assert_ok(&run_env(d, &t, &[], &["key", "create", "k"]), "key create");
     for i in 0..10 {

@@ -9,10 +9,10 @@
 //! Exit codes: 0 ok, 2 usage, 4 TPM unavailable or refused.
 
 mod common;
+use common::{closed_tcti, lockout_counter, swtpm};
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,27 +32,6 @@ const PIN: &str = "2468";
 
 fn scratch() -> TempDir {
     common::scratch("tpmcrypt-tpm-")
-}
-
-/// Starts a swtpm with its state in `dir/name` (fails the test without swtpm).
-fn swtpm(dir: &Path, name: &str) -> Simulator {
-    Simulator::start(&dir.join(name))
-        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
-}
-
-/// The TCTI of a port nobody listens on (probed: connecting is refused).
-fn closed_tcti() -> String {
-    for _ in 0..20 {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
-        let refused = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_err();
-        if port < u16::MAX && refused(port) && refused(port + 1) {
-            return format!("swtpm:host=127.0.0.1,port={port}");
-        }
-    }
-    panic!("no closed loopback port found");
 }
 
 /// Runs `tpmcrypt --tpm TCTI ARGS…` in `dir` with extra environment.
@@ -757,17 +736,6 @@ fn wrong_pin_then_dictionary_attack_lockout() {
     assert_ok(&r, "no-PIN key during lockout");
     assert_eq!(r.stdout, b"no PIN");
     assert_no_handles(&sim, d, "decrypt during lockout");
-}
-
-/// The TPM's dictionary-attack failure counter (TPM2_PT_LOCKOUT_COUNTER).
-fn lockout_counter(sim: &Simulator, dir: &Path) -> u32 {
-    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
-        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
-    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
-    u32::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
 #[test]

@@ -384,3 +384,37 @@ pub fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
+
+/// Starts a swtpm of its own whose state lives in `dir/name`.
+pub fn swtpm(dir: &Path, name: &str) -> tpmcrypt_tpmkey::Simulator {
+    tpmcrypt_tpmkey::Simulator::start(&dir.join(name))
+        .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
+}
+
+/// The TCTI of a port nobody listens on (probed: connecting is refused).
+pub fn closed_tcti() -> String {
+    use std::net::{TcpListener, TcpStream};
+    for _ in 0..20 {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let refused = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_err();
+        if port < u16::MAX && refused(port) && refused(port + 1) {
+            return format!("swtpm:host=127.0.0.1,port={port}");
+        }
+    }
+    panic!("no closed loopback port found");
+}
+
+/// The TPM's dictionary-attack failure counter (TPM2_PT_LOCKOUT_COUNTER),
+/// as tpm2-tools reads it.
+pub fn lockout_counter(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path) -> u64 {
+    let out = tpm2_tool(sim, dir, &["tpm2_getcap", "properties-variable"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("TPM2_PT_LOCKOUT_COUNTER:"))
+        .unwrap_or_else(|| panic!("no lockout counter in {out}"));
+    let hex = line.rsplit("0x").next().unwrap_or_default().trim();
+    u64::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
