@@ -5,19 +5,12 @@
 //! RUSAGE_CHILDREN sees only these two processes.
 
 mod common;
+use common::max_child_rss_kib;
 
 use std::fs::File;
 use std::process::Stdio;
 
 const LIMIT_KIB: i64 = 64 * 1024;
-
-fn max_child_rss_kib() -> i64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
-    assert_eq!(rc, 0, "getrusage failed");
-    usage.ru_maxrss
-}
 
 #[test]
 fn one_gib_of_armor_streams_in_bounded_memory() {

@@ -418,3 +418,13 @@ pub fn lockout_counter(sim: &tpmcrypt_tpmkey::Simulator, dir: &Path) -> u64 {
     let hex = line.rsplit("0x").next().unwrap_or_default().trim();
     u64::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
 }
+
+/// The largest resident set (KiB) of any child this test process waited
+/// for (RUSAGE_CHILDREN): a test file that measures it holds one test.
+pub fn max_child_rss_kib() -> i64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    assert_eq!(rc, 0, "getrusage failed");
+    usage.ru_maxrss
+}
