@@ -415,6 +415,71 @@ fn many_files_are_made_durable_by_batch_not_one_by_one() {
     }
 }
 
+/// The sync and naming calls a run makes, in order, as strace saw them.
+fn syncs_and_names_of(dir: &Path, args: &[&str]) -> Vec<String> {
+    let log = dir.join("strace-names.log");
+    let status = common::wrapper(dir, "strace")
+        .args(["-f", "-qq", "-o"])
+        .arg(&log)
+        .args([
+            "-e",
+            "trace=fsync,fdatasync,syncfs,linkat,rename,renameat,renameat2",
+        ])
+        .arg(common::bin())
+        .args(args)
+        .status()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(status.success(), "{args:?} under strace: {status}");
+    let text = fs::read_to_string(&log).unwrap();
+    fs::remove_file(&log).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// An output is written with no name and gets one (`linkat`) only after
+/// its data is durable; then its inode, whose link count that changed, is
+/// made durable too before the run ends: one file is fsynced again, a
+/// batch of several gets a `syncfs` (without a journal a directory's fsync
+/// would not write the files' inodes). No temporary is ever renamed.
+#[test]
+fn outputs_are_named_after_their_data_is_durable_and_then_synced_again() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir(d.join("flat")).unwrap();
+    for i in 0..20 {
+        fs::write(d.join(format!("flat/f{i:02}")), bytes(4096, i)).unwrap();
+    }
+    fs::write(d.join("one"), bytes(4096, 99)).unwrap();
+    let is = |l: &String, call: &str| l.contains(&format!("{call}("));
+    for (args, after) in [
+        (vec!["encrypt", "-R", &r, "-r", "flat"], "syncfs"),
+        (vec!["encrypt", "-R", &r, "one"], "fsync"),
+    ] {
+        let calls = syncs_and_names_of(d, &args);
+        let links: Vec<usize> = (0..calls.len())
+            .filter(|&i| is(&calls[i], "linkat"))
+            .collect();
+        let expected = if args.contains(&"-r") { 20 } else { 1 };
+        assert_eq!(links.len(), expected, "{args:?}: {calls:#?}");
+        assert!(
+            !calls.iter().any(|l| is(l, "renameat2") || is(l, "rename")),
+            "{calls:#?}"
+        );
+        let first_sync = calls.iter().position(|l| l.contains("sync")).unwrap();
+        assert!(
+            first_sync < links[0],
+            "{args:?}: named before its data was durable: {calls:#?}"
+        );
+        let last = *links.last().unwrap();
+        assert!(
+            calls[last..].iter().any(|l| is(l, after)),
+            "{args:?}: no {after} after the last name was given: {calls:#?}"
+        );
+    }
+    let back = run(d, &["decrypt", "-i", "id", "-o", "f07", "flat/f07.tpmc"]);
+    assert_ok(&back, "decrypt");
+    assert_eq!(fs::read(d.join("f07")).unwrap(), bytes(4096, 7));
+}
+
 /// A FUSE file system (here bindfs; sshfs, ntfs-3g, gocryptfs alike) does
 /// not pass `syncfs` on to its server, so a batch there is made durable by
 /// an fsync of each output (and of each directory), never by `syncfs`.
@@ -1827,8 +1892,11 @@ fn stdout_stops_before_the_tampered_segment() {
 
 // ---------------------------------------------------------------- crashes
 
-/// SIGKILL while writing `-o out.tpmc` from a slow pipe: no `out.tpmc`;
-/// the next run to that output removes the dead process's temporary.
+/// SIGKILL while writing `-o out.tpmc` from a slow pipe: no `out.tpmc`,
+/// and nothing else either (the output had no name yet). The next run to
+/// that output removes a temporary a dead process left (as runs on file
+/// systems without `O_TMPFILE`, or older versions, leave them), never one
+/// of a live process.
 #[test]
 fn kill_during_encrypt_leaves_no_output() {
     let (dir, r) = scratch();
@@ -1843,23 +1911,23 @@ fn kill_during_encrypt_leaves_no_output() {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(&bytes(100_000, 1)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while partials(d).is_empty() {
-        assert!(Instant::now() < deadline, "no partial file appeared");
+    let here = d.canonicalize().unwrap();
+    while !common::has_a_file_open_in(child.id(), &here) {
+        assert!(Instant::now() < deadline, "no output opened");
         std::thread::sleep(Duration::from_millis(5));
     }
     stdin.write_all(&bytes(1000, 2)).unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     drop(stdin);
-    let left = partials(d);
-    assert_eq!(left.len(), 1, "{left:?}");
-    assert!(
-        left[0].starts_with(".out.tpmc.tpmcrypt-partial."),
-        "{left:?}"
-    );
+    let before = listing(d);
     assert!(!d.join("out.tpmc").exists());
+    assert!(partials(d).is_empty(), "left behind: {before:?}");
 
-    // A temporary of a live process (this one) is left alone.
+    // A temporary of a dead process goes; one of a live process (this
+    // one) is left alone.
+    let dead = format!(".out.tpmc{PARTIAL_MARKER}2147483646.0123456789abcdef");
+    fs::write(d.join(&dead), b"stale").unwrap();
     let live = format!(".out.tpmc{PARTIAL_MARKER}{}.0000", std::process::id());
     fs::write(d.join(&live), b"busy").unwrap();
     let res = run_stdin(d, &["encrypt", "-R", &r, "-o", "out.tpmc"], b"fine");
@@ -1890,12 +1958,16 @@ fn output_len(d: &Path, r: &str, data: &[u8]) -> u64 {
     len
 }
 
-/// The one partial output in `dir`, once it exists.
+/// The one partial output in `dir`, once it exists: a path to read or
+/// measure it by (`/proc/PID/fd/N` while it has no name yet).
 fn partial_path(dir: &Path) -> PathBuf {
     let started = Instant::now();
     loop {
         if let Some(name) = partials(dir).into_iter().next() {
             return dir.join(name);
+        }
+        if let Some(path) = common::unnamed_output_in(dir) {
+            return path;
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),

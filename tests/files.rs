@@ -550,3 +550,58 @@ fn the_same_file_named_twice_is_done_once() {
     assert!(res.stderr.is_empty(), "{}", res.stderr);
     assert!(d.join("a.tpmc").exists() && d.join("h.tpmc").exists());
 }
+
+// ------------------------------------------- an output has no name until done
+
+/// An output being written has no name until it is complete (`O_TMPFILE`,
+/// linked in at the end): a run killed with SIGKILL while writing leaves
+/// nothing at all in the output's directory, not even a temporary for the
+/// next run to clean up. (A temporary with a name was left there before.)
+#[test]
+fn a_killed_run_leaves_nothing_in_the_output_directory() {
+    use std::io::Write as _;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let out = d.join("out");
+    fs::create_dir(&out).unwrap();
+    let out = out.canonicalize().unwrap();
+    let fifo = d.join("in.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for command in [
+        vec!["encrypt", "-q", "-R", &r, "-o", "out/x.tpmc", "in.fifo"],
+        vec![
+            "encrypt",
+            "-q",
+            "-R",
+            &r,
+            "--no-sync",
+            "-o",
+            "out/y.tpmc",
+            "in.fifo",
+        ],
+    ] {
+        let mut child = tpmcrypt(d)
+            .args(&command)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        // Opening the writer waits for the run to open its input.
+        let mut writer = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        writer.write_all(&bytes(3 << 20, 5)).unwrap();
+        let start = std::time::Instant::now();
+        while !common::has_a_file_open_in(child.id(), &out) {
+            assert!(
+                start.elapsed().as_secs() < 20,
+                "{command:?}: no output opened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(writer);
+        assert_eq!(raw_listing(&out), Vec::<Vec<u8>>::new(), "{command:?}");
+    }
+}

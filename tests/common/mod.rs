@@ -428,3 +428,45 @@ pub fn max_child_rss_kib() -> i64 {
     assert_eq!(rc, 0, "getrusage failed");
     usage.ru_maxrss
 }
+
+/// Whether process `pid` has a file open in directory `dir` (given
+/// canonical), as its descriptors name them: an output being written with
+/// no name yet shows as `DIR/#INODE (deleted)`.
+pub fn has_a_file_open_in(pid: u32, dir: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.parent() == Some(dir)))
+}
+
+/// A path through which an output being written with no name yet in
+/// `dir` can be read or measured (`/proc/PID/fd/N` of whichever process
+/// holds it: its link shows `DIR/#INODE (deleted)`).
+pub fn unnamed_output_in(dir: &Path) -> Option<PathBuf> {
+    let dir = dir.canonicalize().ok()?;
+    for proc_entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = proc_entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(proc_entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let shown = target.to_string_lossy();
+            if target.parent() == Some(dir.as_path())
+                && target
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('#'))
+                && shown.ends_with(" (deleted)")
+            {
+                return Some(fd.path());
+            }
+        }
+    }
+    None
+}

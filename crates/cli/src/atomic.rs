@@ -1,9 +1,11 @@
-//! Crash-safe output files: written under a temporary name in the target
-//! directory, fsynced, renamed into place only on complete success, and the
-//! directory fsynced. A failed or interrupted run never leaves a partial
-//! file under the final name; the temporary is removed on drop, and one left
-//! by a crash (kill -9) carries a recognisable name that later runs clean up.
-//! An interrupt (Ctrl-C, SIGTERM, SIGHUP) removes the temporaries at once,
+//! Crash-safe output files: written with no name (`O_TMPFILE`, see
+//! [`AtomicFile::create_unnamed`]) or under a temporary name in the target
+//! directory, fsynced, given the final name only on complete success, and
+//! the directory fsynced. A failed or interrupted run never leaves a
+//! partial file under the final name. A file with no name leaves nothing
+//! at all; a temporary is removed on drop, and one left by a crash
+//! (kill -9) carries a recognisable name that later runs clean up. An
+//! interrupt (Ctrl-C, SIGTERM, SIGHUP) removes the temporaries at once,
 //! once [`remove_temporaries_on_interrupt`] is in force.
 
 use std::collections::BTreeSet;
@@ -94,31 +96,60 @@ pub struct AtomicFile {
     file: File,
     replace: bool,
     synced: bool,
+    /// Written with no name at all (`O_TMPFILE`), linked in at commit:
+    /// see [`AtomicFile::create_unnamed`].
+    unnamed: bool,
 }
 
 impl AtomicFile {
     /// Starts writing `dest`. `mode` is applied to the file before it gets
     /// its final name. Fails early when `dest` exists and `replace` is false.
     pub fn create(dest: &Path, mode: u32, replace: bool) -> io::Result<Self> {
-        match fs::symlink_metadata(dest) {
-            // Not even --force replaces a directory.
-            Ok(m) if m.is_dir() => {
-                return Err(io::Error::other(format!(
-                    "{} is a directory (an output is a file)",
-                    shown(dest)
-                )))
+        let (dir, name) = check_dest(dest, replace)?;
+        Self::create_named(dest, dir, name, mode, replace)
+    }
+
+    /// Starts writing `dest`, which must not exist, as a file with no name
+    /// (`O_TMPFILE`) that gets `dest` as its first name at commit
+    /// (`linkat`, which never replaces). Creating and naming it then costs
+    /// the directory one entry, where a temporary costs two and a rename;
+    /// and an interrupted or killed run leaves nothing behind, not even a
+    /// temporary for the next run to clean up. Only where the file system
+    /// takes `O_TMPFILE`, `/proc/self/fd` can name the file, and `syncfs`
+    /// makes it durable (see [`syncfs_is_durable`]): elsewhere this is
+    /// [`AtomicFile::create`] with a temporary.
+    ///
+    /// `known_absent`: the caller saw `dest`'s directory without it a
+    /// moment ago, so it is not looked up again (if it appeared since, the
+    /// commit still refuses to replace it).
+    pub fn create_unnamed(dest: &Path, mode: u32, known_absent: bool) -> io::Result<Self> {
+        let (dir, name) = match known_absent {
+            true => name_of(dest)?,
+            false => check_dest(dest, false)?,
+        };
+        match open_unnamed(dir)? {
+            Some(file) => {
+                file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
+                Ok(AtomicFile {
+                    tmp: PathBuf::new(),
+                    dest: dest.to_path_buf(),
+                    file,
+                    replace: false,
+                    synced: false,
+                    unnamed: true,
+                })
             }
-            Ok(_) if !replace => return Err(exists(dest)),
-            _ => {}
+            None => Self::create_named(dest, dir, name, mode, false),
         }
-        let dir = parent_dir(dest);
-        let name = dest.file_name().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "output has no file name")
-        })?;
-        if name.len() > NAME_MAX {
-            // Known before any work is done, rather than at the rename.
-            return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-        }
+    }
+
+    fn create_named(
+        dest: &Path,
+        dir: &Path,
+        name: &OsStr,
+        mode: u32,
+        replace: bool,
+    ) -> io::Result<Self> {
         let prefix = partial_prefix(name);
         let mut last_err = None;
         for _ in 0..16 {
@@ -142,6 +173,7 @@ impl AtomicFile {
                         file,
                         replace,
                         synced: false,
+                        unnamed: false,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
@@ -187,15 +219,36 @@ impl AtomicFile {
         if !self.synced {
             self.file.sync_all()?;
         }
+        let unnamed = self.unnamed;
         self.rename()?;
+        if unnamed {
+            // Its link count changed from 0 to 1 on the way: without a
+            // journal, the directory's fsync does not write the file's
+            // inode, which must not stay unlinked on disk.
+            self.file.sync_all()?;
+        }
         sync_dir(parent_dir(&self.dest))
     }
 
     /// Gives the file its final name once its data is durable (the caller
     /// made it so: [`AtomicFile::sync`], or a `syncfs` of its file system),
     /// without syncing the directory: a batch syncs each directory once.
-    pub fn rename_durable(mut self) -> io::Result<()> {
-        self.rename()
+    ///
+    /// A file made by [`AtomicFile::create_unnamed`] is returned: its link
+    /// count went from 0 to 1, and without a journal no directory sync
+    /// writes that, so the caller makes its inode durable too (an `fsync`
+    /// of it, or a `syncfs` of its file system).
+    pub fn rename_durable(mut self) -> io::Result<Option<File>> {
+        let unnamed = self.unnamed;
+        self.rename()?;
+        if !unnamed {
+            return Ok(None);
+        }
+        match self.file.try_clone() {
+            Ok(file) => Ok(Some(file)),
+            // No descriptor to spare: make it durable here instead.
+            Err(_) => self.file.sync_all().map(|()| None),
+        }
     }
 
     /// The file system of the file, as `syncfs` takes it.
@@ -208,11 +261,17 @@ impl AtomicFile {
     /// write-only descriptor): the same inode, never a symlink, so that
     /// what is read back is what was written.
     pub fn open_for_reading(&self) -> io::Result<File> {
+        use std::os::fd::AsRawFd;
         use std::os::unix::fs::MetadataExt;
-        let f = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.tmp)?;
+        let f = if self.unnamed {
+            // The descriptor's own file (this process's /proc entry).
+            File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?
+        } else {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&self.tmp)?
+        };
         let (a, b) = (f.metadata()?, self.file.metadata()?);
         if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
             return Err(io::Error::other("the temporary was replaced"));
@@ -247,6 +306,12 @@ impl AtomicFile {
     }
 
     fn rename(&mut self) -> io::Result<()> {
+        if self.unnamed {
+            // Nothing an interrupt must remove: no lock to take.
+            link_unnamed(&self.file, &self.dest)?;
+            self.unnamed = false;
+            return Ok(());
+        }
         let mut list = pending();
         if self.replace {
             fs::rename(&self.tmp, &self.dest)?;
@@ -269,6 +334,9 @@ impl AtomicFile {
     /// the file is renamed over the name instead (also one step; nothing
     /// is then displaced).
     pub fn exchange(mut self) -> io::Result<Displaced> {
+        if self.unnamed {
+            self.name_temporarily()?;
+        }
         let (ctmp, cdest) = (cstring(&self.tmp)?, cstring(&self.dest)?);
         let mut list = pending();
         // SAFETY: two valid NUL-terminated paths, resolved as rename(2) would.
@@ -304,6 +372,32 @@ impl AtomicFile {
             path: PathBuf::new(),
             dest: self.dest.clone(),
         })
+    }
+}
+
+impl AtomicFile {
+    /// Gives an unnamed file a temporary name (an exchange needs one).
+    fn name_temporarily(&mut self) -> io::Result<()> {
+        let (dir, name) = (parent_dir(&self.dest), self.dest.file_name());
+        let name = name.ok_or_else(|| io::Error::other("output has no file name"))?;
+        let prefix = partial_prefix(name);
+        for _ in 0..16 {
+            let mut tmp_name = prefix.clone();
+            tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
+            let tmp = dir.join(tmp_name);
+            let mut list = pending();
+            match link_unnamed(&self.file, &tmp) {
+                Ok(()) => {
+                    list.insert(tmp.clone());
+                    self.tmp = tmp;
+                    self.unnamed = false;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::other("could not name a temporary file"))
     }
 }
 
@@ -436,6 +530,125 @@ impl io::Write for Writeback<'_> {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
+}
+
+/// The checks made before an output is started: `dest` is not a directory,
+/// does not exist unless it may be replaced, and has a name that fits.
+/// Returns its directory and name.
+fn check_dest(dest: &Path, replace: bool) -> io::Result<(&Path, &OsStr)> {
+    match fs::symlink_metadata(dest) {
+        // Not even --force replaces a directory.
+        Ok(m) if m.is_dir() => {
+            return Err(io::Error::other(format!(
+                "{} is a directory (an output is a file)",
+                shown(dest)
+            )))
+        }
+        Ok(_) if !replace => return Err(exists(dest)),
+        _ => {}
+    }
+    name_of(dest)
+}
+
+/// `dest`'s directory and name, refusing a name too long for a file.
+fn name_of(dest: &Path) -> io::Result<(&Path, &OsStr)> {
+    let dir = parent_dir(dest);
+    let name = dest
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "output has no file name"))?;
+    if name.len() > NAME_MAX {
+        // Known before any work is done, rather than at the rename.
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    Ok((dir, name))
+}
+
+/// A new file with no name in `dir` (`O_TMPFILE`, mode 0600), or None
+/// where that cannot be used: the file system does not take it, or is not
+/// one whose `syncfs` makes it durable, or `/proc/self/fd` is not there
+/// to give it a name later.
+fn open_unnamed(dir: &Path) -> io::Result<Option<File>> {
+    use std::sync::OnceLock;
+    static PROC_FD: OnceLock<bool> = OnceLock::new();
+    if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
+        return Ok(None);
+    }
+    let file = match OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+    {
+        Ok(f) => f,
+        // Not taken by this file system (or kernel): a temporary instead.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+            ) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    use std::os::fd::AsFd;
+    Ok(syncfs_is_durable(file.as_fd()).then_some(file))
+}
+
+/// Gives the unnamed `file` its first name `dest`, never replacing one
+/// (`linkat` of `/proc/self/fd/N`, which needs no privilege, where
+/// `AT_EMPTY_PATH` would).
+fn link_unnamed(file: &File, dest: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| io::Error::other("descriptor path"))?;
+    let to = cstring(dest)?;
+    // SAFETY: two valid NUL-terminated paths; AT_SYMLINK_FOLLOW makes the
+    // link to the file the descriptor is open on.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Err(exists(dest)),
+        _ => Err(err),
+    }
+}
+
+/// Whether `syncfs` on `fd`'s file system makes its data durable: only on
+/// file systems known to write back on `syncfs` (by `statfs` type). FUSE
+/// (sshfs, ntfs-3g, gocryptfs, bindfs) does not pass it to its server,
+/// nor does a network file system reliably; those, and every unknown
+/// type, get an `fsync` per file.
+pub fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    const KNOWN: [u64; 8] = [
+        0xEF53,      // ext2, ext3, ext4
+        0x5846_5342, // xfs
+        0x9123_683E, // btrfs
+        0xF2F5_2010, // f2fs
+        0x2FC1_2FC1, // zfs
+        0x0102_1994, // tmpfs (nothing to write back)
+        0x8584_58F6, // ramfs (nothing to write back)
+        0x794C_7630, // overlayfs: syncs its upper file system
+    ];
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs on a valid descriptor into a buffer of its type.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: initialised by the successful fstatfs.
+    let kind = unsafe { st.assume_init() }.f_type as u64 & 0xFFFF_FFFF;
+    KNOWN.contains(&kind)
 }
 
 fn exists(dest: &Path) -> io::Error {

@@ -199,6 +199,8 @@ fn commit<T: Send>(
     let synced = make_durable(pending);
     // Step 2: renames; step 3: each directory that received an output.
     let mut renamed = Vec::with_capacity(synced.len());
+    // Outputs that had no name until now (see `AtomicFile::create_unnamed`).
+    let mut linked = Vec::new();
     for (p, r) in synced {
         let Pending {
             tag, out, original, ..
@@ -212,18 +214,34 @@ fn commit<T: Send>(
                 Err(e) => (Err(e), After::Nothing),
             },
             original => {
-                let r = r.and_then(|()| out.rename_durable().map_err(CommitError::Rename));
+                let r = r.and_then(|()| match out.rename_durable() {
+                    Ok(Some(file)) => {
+                        linked.push((renamed.len(), file));
+                        Ok(())
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(CommitError::Rename(e)),
+                });
                 (r, original.map_or(After::Nothing, After::Remove))
             }
         };
         renamed.push((tag, r, dir, after));
     }
+    // A file that got its first name: its inode too (one alone is
+    // fsynced; several go with the syncfs of their directories below).
+    let several_linked = linked.len() > 1;
+    if let [(i, file)] = linked.as_slice() {
+        if let Err(e) = file.sync_all() {
+            renamed[*i].1 = Err(CommitError::Sync(e));
+        }
+    }
+    drop(linked);
     let dirs: BTreeSet<PathBuf> = renamed
         .iter()
         .filter(|(_, r, _, _)| r.is_ok())
         .map(|(_, _, d, _)| d.clone())
         .collect();
-    let failed_dirs = sync_dirs(&dirs);
+    let failed_dirs = sync_dirs(&dirs, several_linked);
     // Step 4: originals, only behind a durable output.
     let mut removed_from = BTreeSet::new();
     let mut out = Vec::with_capacity(renamed.len());
@@ -257,7 +275,7 @@ fn commit<T: Send>(
     }
     // A removal that is not yet durable loses nothing (the output is), so
     // a failure here is only reported.
-    for (dir, e) in sync_dirs(&removed_from) {
+    for (dir, e) in sync_dirs(&removed_from, false) {
         eprintln!(
             "{} {}: the removal of originals may not be durable yet: {e}",
             crate::ui::colour::warning(),
@@ -276,32 +294,6 @@ enum After {
 }
 
 type Synced<T> = Vec<(Pending<T>, Result<(), CommitError>)>;
-
-/// Whether `syncfs` on `fd`'s file system makes its data durable: only on
-/// file systems known to write back on `syncfs` (by `statfs` type). FUSE
-/// (sshfs, ntfs-3g, gocryptfs, bindfs) does not pass it to its server,
-/// nor does a network file system reliably; those, and every unknown
-/// type, get an `fsync` per file.
-fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    const KNOWN: [u64; 8] = [
-        0xEF53,      // ext2, ext3, ext4
-        0x5846_5342, // xfs
-        0x9123_683E, // btrfs
-        0xF2F5_2010, // f2fs
-        0x2FC1_2FC1, // zfs
-        0x0102_1994, // tmpfs (nothing to write back)
-        0x8584_58F6, // ramfs (nothing to write back)
-        0x794C_7630, // overlayfs: syncs its upper file system
-    ];
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: fstatfs on a valid descriptor into a buffer of its type.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return false;
-    }
-    // SAFETY: initialised by the successful fstatfs.
-    let kind = unsafe { st.assume_init() }.f_type as u64 & 0xFFFF_FFFF;
-    KNOWN.contains(&kind)
-}
 
 /// `fsync`s each file of `files` (several at once: a network or FUSE
 /// server answers them in parallel), each result in its place.
@@ -366,7 +358,7 @@ fn make_durable<T: Send>(mut pending: Vec<Pending<T>>) -> Synced<T> {
         if devices.iter().any(|(d, _)| *d == dev) {
             continue;
         }
-        let ok = syncfs_is_durable(p.out.fd()) && {
+        let ok = atomic::syncfs_is_durable(p.out.fd()) && {
             // SAFETY: syncfs on a valid open descriptor.
             unsafe { libc::syncfs(p.out.fd().as_raw_fd()) == 0 }
         };
@@ -395,7 +387,9 @@ fn make_durable<T: Send>(mut pending: Vec<Pending<T>>) -> Synced<T> {
 
 /// Makes the entries of `dirs` durable (see [`sync_open`]). Returns
 /// those that failed.
-fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
+/// With `whole`, even one directory gets the `syncfs` of its file system
+/// (which then also writes the inodes of files linked into it).
+fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)> {
     let mut failed = Vec::new();
     let mut open = Vec::with_capacity(dirs.len());
     for d in dirs {
@@ -404,7 +398,7 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
             Err(e) => failed.push((d.clone(), e)),
         }
     }
-    failed.extend(sync_open(open));
+    failed.extend(sync_open(open, whole));
     failed
 }
 
@@ -412,7 +406,7 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>) -> Vec<(PathBuf, io::Error)> {
 /// [`sync_open`]). Returns the first error.
 pub fn sync_open_dirs(dirs: Vec<std::os::fd::OwnedFd>) -> io::Result<()> {
     let open = dirs.into_iter().map(|fd| ((), File::from(fd))).collect();
-    match sync_open(open).into_iter().next() {
+    match sync_open(open, false).into_iter().next() {
         Some(((), e)) => Err(e),
         None => Ok(()),
     }
@@ -424,7 +418,7 @@ pub fn sync_open_dirs(dirs: Vec<std::os::fd::OwnedFd>) -> io::Result<()> {
 /// own, and a tree of many directories would pay one per directory and
 /// batch), the others are fsynced, several at once. Returns the tags of
 /// those that failed.
-fn sync_open<T: Send>(dirs: Vec<(T, File)>) -> Vec<(T, io::Error)> {
+fn sync_open<T: Send>(dirs: Vec<(T, File)>, whole: bool) -> Vec<(T, io::Error)> {
     let copy = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
     let mut failed = Vec::new();
     // One entry per directory, with the tags of all its names.
@@ -443,11 +437,11 @@ fn sync_open<T: Send>(dirs: Vec<(T, File)>) -> Vec<(T, io::Error)> {
     };
     let mut by_device: Vec<(u64, File, Vec<T>)> = Vec::new();
     let mut one_by_one = Vec::new();
-    let single = each.len() == 1;
+    let single = each.len() == 1 && !whole;
     for ((dev, _), f, tags) in each {
         match by_device.iter_mut().find(|(dv, _, _)| *dv == dev) {
             Some((_, _, all)) => all.extend(tags),
-            None if !single && syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) => {
+            None if !single && atomic::syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) => {
                 by_device.push((dev, f, tags))
             }
             None => one_by_one.push((tags, f)),

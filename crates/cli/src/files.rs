@@ -109,6 +109,10 @@ pub struct Task {
     /// Found by a recursive walk, which does not follow symlinks: one
     /// swapped in for the file since is not followed either.
     pub walked: bool,
+    /// Its output's name was not in its directory when the walk read it
+    /// (so no one more look is needed to know; one that appears since is
+    /// still never replaced).
+    pub fresh_sink: bool,
 }
 
 impl Task {
@@ -185,7 +189,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
     }
-    let (mut sources, mut skipped, mut failed, same) = gather(args, naming)?;
+    let (mut sources, mut skipped, mut failed, same, names) = gather(args, naming)?;
     if let Some(out) = &args.output {
         if sources.len() != 1 || args.recursive {
             return Err(usage("-o takes exactly one input file"));
@@ -201,13 +205,14 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
                 source: Source::File(src),
                 sink,
                 walked,
+                fresh_sink: false,
             }],
             skipped,
             failed,
             same,
         });
     }
-    let tasks = named_tasks(sources, naming, &mut failed)?;
+    let tasks = named_tasks(sources, naming, &mut failed, &names)?;
     skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
     if naming != Naming::Rekey {
         refuse_outputs_that_are_inputs(&tasks)?;
@@ -234,6 +239,7 @@ fn stdin_plan(args: &FileArgs) -> anyhow::Result<Plan> {
             source: Source::Stdin,
             sink,
             walked: false,
+            fresh_sink: false,
         }],
         skipped: Vec::new(),
         failed: Vec::new(),
@@ -248,11 +254,13 @@ fn named_tasks(
     sources: Vec<(PathBuf, bool)>,
     naming: Naming,
     failed: &mut Vec<(PathBuf, String)>,
+    names: &DirNames,
 ) -> anyhow::Result<Vec<Task>> {
     let mut tasks = Vec::with_capacity(sources.len());
     for (src, walked) in sources {
         match output_name(&src, naming) {
             Ok(out) => tasks.push(Task {
+                fresh_sink: walked && is_fresh(names, &out),
                 sink: Sink::File(out),
                 source: Source::File(src),
                 walked,
@@ -264,14 +272,27 @@ fn named_tasks(
     Ok(tasks)
 }
 
+/// Whether `out`'s name was not among those its directory held when the
+/// walk read it (false when that directory was not read).
+fn is_fresh(names: &DirNames, out: &Path) -> bool {
+    match (names.get(atomic::parent_dir(out)), out.file_name()) {
+        (Some(seen), Some(name)) => !seen.contains(name),
+        _ => false,
+    }
+}
+
+/// The names each directory the walk read held then.
+type DirNames = std::collections::HashMap<PathBuf, std::collections::HashSet<std::ffi::OsString>>;
+
 /// What [`gather`] found: the inputs (each with whether a walk found
-/// it), the files left out, those failing by themselves, and the inputs
-/// named more than once.
+/// it), the files left out, those failing by themselves, the inputs
+/// named more than once, and the names in each directory walked.
 type Gathered = (
     Vec<(PathBuf, bool)>,
     Vec<Skipped>,
     Vec<(PathBuf, String)>,
     Vec<(PathBuf, PathBuf)>,
+    DirNames,
 );
 
 /// The file inputs: those named, then those found by walking the named
@@ -297,6 +318,7 @@ fn gather(args: &FileArgs, naming: Naming) -> anyhow::Result<Gathered> {
         inputs,
         skipped,
         failed,
+        names,
     } = walk_out;
     sources.extend(inputs.into_iter().map(|p| (p, true)));
     // One input cannot be named twice; a walk of one tree meets each entry
@@ -306,7 +328,7 @@ fn gather(args: &FileArgs, naming: Naming) -> anyhow::Result<Gathered> {
     } else {
         Vec::new()
     };
-    Ok((sources, skipped, failed, same))
+    Ok((sources, skipped, failed, same, names))
 }
 
 /// Keeps the first of the sources that name one directory entry (the
@@ -347,6 +369,7 @@ struct Walked {
     inputs: Vec<PathBuf>,
     skipped: Vec<Skipped>,
     failed: Vec<(PathBuf, String)>,
+    names: DirNames,
 }
 
 /// Refuses a run in which one input's output is another of its inputs
@@ -355,7 +378,9 @@ struct Walked {
 fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
     let id = |m: &fs::Metadata| (m.dev(), m.ino());
     // Usually no output exists yet: then the inputs need no second look.
-    let exists = |t: &Task| matches!(&t.sink, Sink::File(out) if fs::symlink_metadata(out).is_ok());
+    let exists = |t: &Task| {
+        !t.fresh_sink && matches!(&t.sink, Sink::File(out) if fs::symlink_metadata(out).is_ok())
+    };
     if !tasks.iter().any(exists) {
         return Ok(());
     }
@@ -394,6 +419,10 @@ fn refuse_outputs_that_are_inputs(tasks: &[Task]) -> anyhow::Result<()> {
 fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
     let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
     entries.sort_by_key(|e| e.file_name());
+    found.names.insert(
+        dir.to_path_buf(),
+        entries.iter().map(|e| e.file_name()).collect(),
+    );
     for entry in entries {
         let path = entry.path();
         let ft = entry.file_type()?;
@@ -930,13 +959,18 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
         return Err(usage(InPlaceSymlink.to_string()));
     }
-    if fs::metadata(path)?.is_dir() {
+    // A walked input was a regular file when its directory was read; what
+    // is opened is checked below either way.
+    if !task.walked && fs::metadata(path)?.is_dir() {
         return Err(usage("is a directory (use -r to recurse)"));
     }
     // Regular files are read in parallel; pipes and devices (e.g.
     // `<(tar c dir)`) are streamed.
     let file = open_input(path, opts.in_place, task.walked)?;
     let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(usage("is a directory (use -r to recurse)"));
+    }
     if let Some(refused) = crate::replace::refuse_input(task, &meta) {
         return Err(refused);
     }
@@ -1068,7 +1102,8 @@ fn run_one(
     };
     let n = match &task.sink {
         Sink::Stdout => to_stdout(&mut transfer)?,
-        Sink::File(dest) if is_special(dest) => {
+        // An output named after a walked input is never a device's.
+        Sink::File(dest) if !task.walked && is_special(dest) => {
             // A device or FIFO (e.g. /dev/null): nothing to rename into place.
             let mut out = fs::OpenOptions::new().write(true).open(dest)?;
             transfer.run_into(&mut out, &shown(dest), STREAMED)?
@@ -1128,22 +1163,28 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
     let opts = transfer.opts;
     atomic::clean_stale_partials_once(dest);
     let replace = opts.force || crate::replace::replaces_input(transfer.task);
-    let mut out = AtomicFile::create(dest, mode, replace)
-        .with_context(|| format!("creating {}", shown(dest)))?;
+    let out = match replace {
+        true => AtomicFile::create(dest, mode, true),
+        // The usual case: a new name, written with none until it is done.
+        false => AtomicFile::create_unnamed(dest, mode, transfer.task.fresh_sink),
+    };
+    let mut out = out.with_context(|| format!("creating {}", shown(dest)))?;
     if let Some((uid, gid)) = owner {
         // Before any byte is written: refused, nothing is left.
         out.set_owner(uid, gid, mode)
             .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
     }
     let durable = opts.in_place || !opts.no_sync;
+    // A small file's header, stream header and segment reach the file in
+    // one write rather than three (each costs a system call); a segment
+    // larger than the buffer is written straight through. The transform
+    // flushes at its end, so a failed write is still the output's.
     let n = if durable {
-        transfer.run_into(
-            &mut atomic::Writeback::new(out.file()),
-            &shown(dest),
-            DISCARDED,
-        )?
+        let mut w = io::BufWriter::with_capacity(SMALL_WRITE, atomic::Writeback::new(out.file()));
+        transfer.run_into(&mut w, &shown(dest), DISCARDED)?
     } else {
-        transfer.run_into(out.file(), &shown(dest), DISCARDED)?
+        let mut w = io::BufWriter::with_capacity(SMALL_WRITE, out.file());
+        transfer.run_into(&mut w, &shown(dest), DISCARDED)?
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -1178,6 +1219,9 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
     })?;
     Ok(Done::Finished(n))
 }
+
+/// Writes up to this size are gathered into one (see [`to_file`]).
+const SMALL_WRITE: usize = 64 << 10;
 
 /// Opens an input; for `--in-place`, never through a symlink (one swapped in
 /// after the check is refused as well).
@@ -1271,6 +1315,7 @@ mod tests {
                 source: Source::Stdin,
                 sink: Sink::Stdout,
                 walked: false,
+                fresh_sink: false,
             }]
         );
         let t = plan(&args(&["-"], Some("out")), Naming::Encrypt)
