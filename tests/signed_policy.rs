@@ -5,13 +5,10 @@
 //! same policy by hand.
 
 mod common;
-use common::{lockout_counter, swtpm};
+use common::{lockout_counter, port_of, swtpm, Counter};
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use common::{assert_ok, bytes, tpm2_tool, tpm_handles, tpmcrypt, Run};
 use tpmcrypt_tpmkey::signed::{PcrSigner, SignedPolicy};
@@ -298,89 +295,6 @@ fn policies_of_another_signer_or_with_a_bad_signature_are_refused() {
     assert_eq!(r.stdout, b"secret");
     assert!(r.stderr.contains("signed policy 2 of 2"), "{}", r.stderr);
     assert_no_handles(&sim, d, "refusals");
-}
-
-/// A TCP proxy in front of swtpm's command port that records the command
-/// code of every TPM command passing through (swtpm's server speaks the
-/// bare TPM protocol: a 10-byte header with the size, then the body).
-struct Counter {
-    port: u16,
-    codes: Arc<Mutex<Vec<u32>>>,
-}
-
-impl Counter {
-    /// Listens on a free pair of ports (the swtpm TCTI uses port and
-    /// port + 1): commands on the first are counted, the control channel on
-    /// the second is piped through as it is.
-    fn start(tpm_port: u16) -> Counter {
-        let (listener, control) = loop {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let p = l.local_addr().unwrap().port();
-            if p == u16::MAX {
-                continue;
-            }
-            if let Ok(c) = TcpListener::bind(("127.0.0.1", p + 1)) {
-                break (l, c);
-            }
-        };
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            for client in control.incoming() {
-                let Ok(client) = client else { return };
-                let Ok(ctl) = TcpStream::connect(("127.0.0.1", tpm_port + 1)) else {
-                    return;
-                };
-                pipe(client.try_clone().unwrap(), ctl.try_clone().unwrap());
-                pipe(ctl, client);
-            }
-        });
-        let codes = Arc::new(Mutex::new(Vec::new()));
-        let seen = codes.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(mut client) = client else { return };
-                let Ok(mut tpm) = TcpStream::connect(("127.0.0.1", tpm_port)) else {
-                    return;
-                };
-                while let Some(cmd) = read_message(&mut client) {
-                    seen.lock()
-                        .unwrap()
-                        .push(u32::from_be_bytes([cmd[6], cmd[7], cmd[8], cmd[9]]));
-                    let relayed = tpm
-                        .write_all(&cmd)
-                        .ok()
-                        .and_then(|()| read_message(&mut tpm));
-                    match relayed {
-                        Some(resp) if client.write_all(&resp).is_ok() => {}
-                        _ => break,
-                    }
-                }
-            }
-        });
-        Counter { port, codes }
-    }
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream) {
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from, &mut to);
-        let _ = to.shutdown(std::net::Shutdown::Write);
-    });
-}
-
-fn read_message(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut head = [0u8; 10];
-    s.read_exact(&mut head).ok()?;
-    let size = u32::from_be_bytes([head[2], head[3], head[4], head[5]]) as usize;
-    let mut msg = head.to_vec();
-    msg.resize(size.max(10), 0);
-    s.read_exact(&mut msg[10..]).ok()?;
-    Some(msg)
-}
-
-/// The swtpm TCTI's port (`swtpm:host=…,port=N`).
-fn port_of(tcti: &str) -> u16 {
-    tcti.rsplit("port=").next().unwrap().trim().parse().unwrap()
 }
 
 #[test]

@@ -472,8 +472,9 @@ fn one_tpm_unbind_per_session_and_the_agent() {
 }
 
 /// A script that runs `encrypt` once per file, while an agent runs: every
-/// run joins the agent's session, so decrypting all of the files (after the
-/// agent is gone) costs one TPM unbind; --new-session opts out.
+/// one of 1,000 runs joins the agent's session, so decrypting all of the
+/// files (after the agent is gone) costs one TPM unbind, counted on the
+/// wire to the TPM (one ECDH_ZGen); --new-session opts out.
 #[test]
 fn encrypt_runs_join_the_agents_session() {
     let dir = scratch();
@@ -484,9 +485,9 @@ fn encrypt_runs_join_the_agents_session() {
     let files = d.join("files");
     fs::create_dir(&files).unwrap();
     let agent = AgentProc::start(d);
-    const N: usize = 40;
+    const N: usize = 1000;
     for i in 0..N {
-        let name = format!("files/f{i:02}");
+        let name = format!("files/f{i:04}");
         fs::write(d.join(&name), bytes(200 + i, i as u64 + 5)).unwrap();
         let r = plain(d, &["-v", "encrypt", "--key", "k", "--in-place", &name]);
         assert_ok(&r, &name);
@@ -498,7 +499,9 @@ fn encrypt_runs_join_the_agents_session() {
         assert!(r.stderr.contains(want), "{name}: {}", r.stderr);
     }
     let ids: BTreeSet<String> = (0..N)
-        .map(|i| inspect(d, &format!("files/f{i:02}.tpmc"))["session_id"].to_string())
+        .step_by(37)
+        .chain([N - 1])
+        .map(|i| inspect(d, &format!("files/f{i:04}.tpmc"))["session_id"].to_string())
         .collect();
     assert_eq!(ids.len(), 1, "one session for {N} runs");
     // --new-session: a session of its own, not handed to the agent.
@@ -510,12 +513,18 @@ fn encrypt_runs_join_the_agents_session() {
     assert_ok(&r, "agent --stop");
     assert!(agent.wait_exit(), "agent exit status");
 
-    let r = tc(d, &t, &["decrypt", "-v", "--in-place", "-r", "files"]);
+    let counter = common::Counter::start(common::port_of(&t));
+    let proxied = format!("swtpm:host=127.0.0.1,port={}", counter.port);
+    let r = tc(d, &proxied, &["decrypt", "-v", "--in-place", "-r", "files"]);
     assert_ok(&r, "decrypt");
-    assert_summary(&r, N, 1, 1, "decrypt the files of 40 encrypt runs");
+    assert_summary(&r, N, 1, 1, "decrypt the files of 1,000 encrypt runs");
+    const TPM_CC_ECDH_ZGEN: u32 = 0x154;
+    let codes = counter.codes.lock().unwrap().clone();
+    let unbinds = codes.iter().filter(|&&c| c == TPM_CC_ECDH_ZGEN).count();
+    assert_eq!(unbinds, 1, "TPM commands on the wire: {codes:x?}");
     for i in 0..N {
         assert_eq!(
-            fs::read(files.join(format!("f{i:02}"))).unwrap(),
+            fs::read(files.join(format!("f{i:04}"))).unwrap(),
             bytes(200 + i, i as u64 + 5)
         );
     }

@@ -470,3 +470,87 @@ pub fn unnamed_output_in(dir: &Path) -> Option<PathBuf> {
     }
     None
 }
+
+/// A TCP proxy in front of swtpm's command port that records the command
+/// code of every TPM command passing through (swtpm's server speaks the
+/// bare TPM protocol: a 10-byte header with the size, then the body).
+pub struct Counter {
+    /// The port to give the swtpm TCTI instead of swtpm's.
+    pub port: u16,
+    /// The command codes seen, in order.
+    pub codes: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl Counter {
+    /// Listens on a free pair of ports (the swtpm TCTI uses port and
+    /// port + 1): commands on the first are counted, the control channel on
+    /// the second is piped through as it is.
+    pub fn start(tpm_port: u16) -> Counter {
+        let (listener, control) = loop {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let p = l.local_addr().unwrap().port();
+            if p == u16::MAX {
+                continue;
+            }
+            if let Ok(c) = std::net::TcpListener::bind(("127.0.0.1", p + 1)) {
+                break (l, c);
+            }
+        };
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for client in control.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(ctl) = std::net::TcpStream::connect(("127.0.0.1", tpm_port + 1)) else {
+                    return;
+                };
+                pipe(client.try_clone().unwrap(), ctl.try_clone().unwrap());
+                pipe(ctl, client);
+            }
+        });
+        let codes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = codes.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                let Ok(mut tpm) = std::net::TcpStream::connect(("127.0.0.1", tpm_port)) else {
+                    return;
+                };
+                while let Some(cmd) = read_message(&mut client) {
+                    seen.lock()
+                        .unwrap()
+                        .push(u32::from_be_bytes([cmd[6], cmd[7], cmd[8], cmd[9]]));
+                    let relayed = std::io::Write::write_all(&mut tpm, &cmd)
+                        .ok()
+                        .and_then(|()| read_message(&mut tpm));
+                    match relayed {
+                        Some(resp) if std::io::Write::write_all(&mut client, &resp).is_ok() => {}
+                        _ => break,
+                    }
+                }
+            }
+        });
+        Counter { port, codes }
+    }
+}
+
+fn pipe(mut from: std::net::TcpStream, mut to: std::net::TcpStream) {
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    });
+}
+
+fn read_message(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
+    let mut head = [0u8; 10];
+    std::io::Read::read_exact(s, &mut head).ok()?;
+    let size = u32::from_be_bytes([head[2], head[3], head[4], head[5]]) as usize;
+    let mut msg = head.to_vec();
+    msg.resize(size.max(10), 0);
+    std::io::Read::read_exact(s, &mut msg[10..]).ok()?;
+    Some(msg)
+}
+
+/// The swtpm TCTI's port (`swtpm:host=…,port=N`).
+pub fn port_of(tcti: &str) -> u16 {
+    tcti.rsplit("port=").next().unwrap().trim().parse().unwrap()
+}
