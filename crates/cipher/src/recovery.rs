@@ -8,9 +8,13 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use p256::elliptic_curve::sec1::ToEncodedPoint;
-use p256::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
-use p256::SecretKey;
+use p256::elliptic_curve::ALGORITHM_OID;
+use p256::pkcs8::der::pem::PemLabel;
+use p256::pkcs8::der::{Decode, SecretDocument};
+use p256::pkcs8::{AssociatedOid, EncodePrivateKey, LineEnding, PrivateKeyInfo};
+use p256::{EncodedPoint, NistP256, SecretKey};
 use rand_core::CryptoRngCore;
+use sec1::EcPrivateKey;
 use zeroize::Zeroizing;
 
 use crate::error::{Error, Result};
@@ -54,10 +58,24 @@ impl RecoveryKey {
         let begin = text.find("-----BEGIN PRIVATE KEY-----").ok_or_else(|| {
             Error::InvalidIdentity("no PRIVATE KEY block (not a tpmcrypt recovery identity)".into())
         })?;
-        let secret = SecretKey::from_pkcs8_pem(text[begin..].trim_end()).map_err(|_| {
-            Error::InvalidIdentity("the PRIVATE KEY block is not a P-256 key".into())
-        })?;
-        Ok(RecoveryKey::from_secret(secret))
+        let not_p256 = || Error::InvalidIdentity("the PRIVATE KEY block is not a P-256 key".into());
+        let (secret, embedded) =
+            decode_pkcs8_pem(text[begin..].trim_end()).map_err(|_| not_p256())?;
+        let key = RecoveryKey::from_secret(secret);
+        // The check `SecretKey::from_pkcs8_pem` makes (an embedded public
+        // key must be the scalar's), against the point computed once above
+        // rather than by a second scalar multiplication.
+        if let Some(embedded) = embedded {
+            let ours = EncodedPoint::from_bytes(key.public).map_err(|_| not_p256())?;
+            let ours = match embedded.is_compressed() {
+                true => ours.compress(),
+                false => ours,
+            };
+            if ours != embedded {
+                return Err(not_p256());
+            }
+        }
+        Ok(key)
     }
 
     /// The identity file contents (secret: the caller writes it 0600).
@@ -112,6 +130,26 @@ impl EcdhP256 for RecoveryKey {
     }
 }
 
+/// A PKCS#8 PEM `PRIVATE KEY` of P-256 (id-ecPublicKey, prime256v1) as its
+/// scalar and the public key embedded in it, if any: what
+/// `SecretKey::from_pkcs8_pem` decodes, without its own scalar
+/// multiplication to check the embedded key (the caller checks it).
+fn decode_pkcs8_pem(pem: &str) -> std::result::Result<(SecretKey, Option<EncodedPoint>), ()> {
+    let (label, doc) = SecretDocument::from_pem(pem).map_err(|_| ())?;
+    PrivateKeyInfo::validate_pem_label(label).map_err(|_| ())?;
+    let info = PrivateKeyInfo::try_from(doc.as_bytes()).map_err(|_| ())?;
+    info.algorithm
+        .assert_oids(ALGORITHM_OID, NistP256::OID)
+        .map_err(|_| ())?;
+    let ec = EcPrivateKey::from_der(info.private_key).map_err(|_| ())?;
+    let secret = SecretKey::from_slice(ec.private_key).map_err(|_| ())?;
+    let embedded = match ec.public_key {
+        Some(bytes) => Some(EncodedPoint::from_bytes(bytes).map_err(|_| ())?),
+        None => None,
+    };
+    Ok((secret, embedded))
+}
+
 /// Parses a recovery recipient string.
 pub fn parse_recipient(s: &str) -> Result<P256Recipient> {
     let encoded = s.strip_prefix(RECIPIENT_PREFIX).ok_or_else(|| {
@@ -135,6 +173,7 @@ mod tests {
     use super::*;
     use crate::recipient::{Identity, Recipient};
     use crate::secret::SessionKey;
+    use p256::pkcs8::{DecodePrivateKey, ObjectIdentifier};
 
     #[test]
     fn identity_file_round_trip_and_wrap() {
@@ -198,6 +237,83 @@ mod tests {
         let mut relabelled = stanza.clone();
         relabelled.kind = kind::RECOVERY_P256;
         assert!(identity.unwrap(&relabelled).is_err());
+    }
+
+    /// A PKCS#8 P-256 key whose inner ECPrivateKey carries `public`.
+    fn pkcs8_pem(scalar: &[u8], public: Option<&[u8]>, curve: ObjectIdentifier) -> String {
+        use p256::pkcs8::der::asn1::OctetStringRef;
+        use p256::pkcs8::der::{Encode, EncodePem};
+        use p256::pkcs8::AlgorithmIdentifierRef;
+        let ec = EcPrivateKey {
+            private_key: scalar,
+            parameters: None,
+            public_key: public,
+        };
+        let inner = ec.to_der().unwrap();
+        let info = PrivateKeyInfo::new(
+            AlgorithmIdentifierRef {
+                oid: ALGORITHM_OID,
+                parameters: Some((&curve).into()),
+            },
+            OctetStringRef::new(&inner).unwrap().as_bytes(),
+        );
+        format!("# a comment\n{}", info.to_pem(LineEnding::LF).unwrap())
+    }
+
+    /// The identity parser accepts exactly the PKCS#8 keys p256's own
+    /// parser accepts (which checks an embedded public key against the
+    /// scalar), and yields the same key.
+    #[test]
+    fn identity_parsing_agrees_with_p256s_pkcs8_parser() {
+        let mut rng = rand_core::OsRng;
+        let (a, b) = (
+            RecoveryKey::generate(&mut rng),
+            RecoveryKey::generate(&mut rng),
+        );
+        let scalar = a.secret.to_bytes();
+        let compress = |k: &RecoveryKey| EncodedPoint::from_bytes(k.public).unwrap().compress();
+        let (ca, cb) = (compress(&a), compress(&b));
+        let p384 = ObjectIdentifier::new_unwrap("1.3.132.0.34");
+        let cases = [
+            a.to_file_contents("ours").unwrap().to_string(),
+            pkcs8_pem(&scalar, Some(&a.public), NistP256::OID),
+            pkcs8_pem(&scalar, Some(ca.as_bytes()), NistP256::OID),
+            pkcs8_pem(&scalar, None, NistP256::OID),
+            pkcs8_pem(&scalar[1..], None, NistP256::OID),
+            pkcs8_pem(&scalar, Some(&b.public), NistP256::OID),
+            pkcs8_pem(&scalar, Some(cb.as_bytes()), NistP256::OID),
+            pkcs8_pem(&scalar, Some(&a.public[..33]), NistP256::OID),
+            pkcs8_pem(&scalar, Some(&[4u8; 65]), NistP256::OID),
+            pkcs8_pem(&scalar, Some(&a.public), p384),
+            pkcs8_pem(&[0u8; 32], None, NistP256::OID),
+            pkcs8_pem(&[0xffu8; 32], None, NistP256::OID),
+            a.to_file_contents("label")
+                .unwrap()
+                .replace("PRIVATE KEY-----", "EC PRIVATE KEY-----"),
+        ];
+        let mut accepted = 0;
+        for (i, text) in cases.iter().enumerate() {
+            let begin = text.find("-----BEGIN").unwrap();
+            let reference = SecretKey::from_pkcs8_pem(text[begin..].trim_end());
+            match (RecoveryKey::parse(text), reference) {
+                (Ok(ours), Ok(theirs)) => {
+                    accepted += 1;
+                    assert_eq!(ours.secret.to_bytes(), theirs.to_bytes(), "case {i}");
+                    let public = theirs.public_key().to_encoded_point(false);
+                    assert_eq!(&ours.public[..], public.as_bytes(), "case {i}");
+                }
+                (Err(e), Err(_)) => assert!(
+                    e.to_string().contains("P-256") || e.to_string().contains("PRIVATE KEY"),
+                    "case {i}: {e}"
+                ),
+                (ours, theirs) => panic!(
+                    "case {i}: ours {:?}, p256's {:?}",
+                    ours.is_ok(),
+                    theirs.is_ok()
+                ),
+            }
+        }
+        assert_eq!(accepted, 5);
     }
 
     #[test]

@@ -50,8 +50,14 @@ pub struct Encryptor {
 
 impl Encryptor {
     /// Starts a session: draws a session key and wraps it to every recipient.
+    /// Each recipient wraps with [`Recipient::wrap_with_os_rng`].
     pub fn new(recipients: &[Box<dyn Recipient>], params: Params) -> Result<Self> {
-        Self::with_rng(recipients, params, &mut OsRng)
+        let session_key = SessionKey::generate(&mut OsRng);
+        let stanzas = recipients
+            .iter()
+            .map(|r| r.wrap_with_os_rng(&session_key))
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_stanzas(params, session_key, &stanzas)
     }
 
     /// As [`Encryptor::new`] with a caller-supplied RNG (tests use a seeded
@@ -72,12 +78,21 @@ impl Encryptor {
         session_key: SessionKey,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Self> {
-        let layout = Layout::new(&params)?;
         let stanzas = recipients
             .iter()
             .map(|r| r.wrap(&session_key, rng))
             .collect::<Result<Vec<_>>>()?;
-        let mut header = Header::encode_unsigned(&params, &stanzas)?;
+        Self::from_stanzas(params, session_key, &stanzas)
+    }
+
+    /// A session of `session_key`, wrapped in `stanzas`.
+    fn from_stanzas(
+        params: Params,
+        session_key: SessionKey,
+        stanzas: &[crate::format::Stanza],
+    ) -> Result<Self> {
+        let layout = Layout::new(&params)?;
+        let mut header = Header::encode_unsigned(&params, stanzas)?;
         let mac = header_mac(&session_key, &header)?;
         header.extend_from_slice(&mac);
         Ok(Encryptor {
@@ -629,9 +644,43 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::Mode;
+    use crate::format::{Mode, Stanza};
     use crate::recovery::RecoveryKey;
     use crate::stream::StreamOptions;
+
+    /// A recipient that may wrap only through `wrap_with_os_rng`.
+    struct OsRngOnly(crate::recipient::p256::P256Recipient);
+
+    impl Recipient for OsRngOnly {
+        fn wrap(&self, _: &SessionKey, _: &mut dyn CryptoRngCore) -> Result<Stanza> {
+            Err(Error::Backend("wrap with a caller's RNG".into()))
+        }
+        fn wrap_with_os_rng(&self, key: &SessionKey) -> Result<Stanza> {
+            self.0.wrap_with_os_rng(key)
+        }
+        fn kind(&self) -> u8 {
+            self.0.kind()
+        }
+        fn fingerprint(&self) -> [u8; crate::format::FINGERPRINT_LEN] {
+            self.0.fingerprint()
+        }
+    }
+
+    /// `Encryptor::new` wraps with the OS-RNG path (ring's P-256 when built
+    /// with ring), `with_rng` with the caller's RNG; both open with the
+    /// identity.
+    #[test]
+    fn new_wraps_with_the_os_rng_and_with_rng_with_the_callers() {
+        let key = RecoveryKey::generate(&mut OsRng);
+        let only: Vec<Box<dyn Recipient>> = vec![Box::new(OsRngOnly(key.recipient().unwrap()))];
+        let params = Params::new(Mode::Gcm, 256).unwrap();
+        let enc = Encryptor::new(&only, params).unwrap();
+        assert!(Encryptor::with_rng(&only, params, &mut OsRng).is_err());
+        let identity = key.into_identity().unwrap();
+        let header = Header::read_from(&mut &enc.header()[..]).unwrap();
+        let opened = identity.unwrap(&header.stanzas[0]).unwrap().unwrap();
+        assert_eq!(opened.expose(), enc.session_key().expose());
+    }
 
     #[test]
     fn a_resumed_session_writes_files_one_unwrap_opens() {

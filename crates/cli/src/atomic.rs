@@ -736,21 +736,19 @@ pub fn clean_stale_partials_once(dest: &Path) -> usize {
             return 0;
         }
     }
-    let Ok(entries) = fs::read_dir(&dir) else {
-        return 0;
-    };
+    // Both kinds of name are hidden ones (`parse_marked`).
     let mut removed = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
+    let _ = crate::dirscan::for_each_hidden_name(&dir, |name| {
+        let path = dir.join(name);
         let Some(pid) = stale_temporary_pid(name.as_bytes()) else {
             // An original moved aside is never removed: put back, or kept.
-            restore_moved_aside(&entry.path());
-            continue;
+            restore_moved_aside(&path);
+            return;
         };
-        if !pid_alive(pid) && fs::remove_file(entry.path()).is_ok() {
+        if !pid_alive(pid) && fs::remove_file(&path).is_ok() {
             removed += 1;
         }
-    }
+    });
     removed
 }
 

@@ -5,6 +5,7 @@ mod args;
 mod atomic;
 mod batch;
 mod commands;
+mod dirscan;
 mod files;
 mod harden;
 mod keys;

@@ -107,7 +107,48 @@ impl Recipient for P256Recipient {
         let shared = ephemeral.diffie_hellman(&self.public);
         let mut z = Zeroizing::new([0u8; 32]);
         z.copy_from_slice(shared.raw_secret_bytes());
-        let cipher = wrap_cipher(self.kind, &z, &e_point, &uncompressed(&self.public)?)?;
+        self.seal(key, &z, &e_point)
+    }
+
+    /// The same stanza, the ephemeral key and Z from ring (which draws the
+    /// ephemeral key from the operating system's RNG itself).
+    #[cfg(feature = "ring")]
+    fn wrap_with_os_rng(&self, key: &SessionKey) -> Result<Stanza> {
+        use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, ECDH_P256};
+        let failed = |what: &str| Error::Backend(format!("ring P-256: {what}"));
+        let ephemeral = EphemeralPrivateKey::generate(&ECDH_P256, &ring::rand::SystemRandom::new())
+            .map_err(|_| failed("ephemeral key"))?;
+        let public = ephemeral
+            .compute_public_key()
+            .map_err(|_| failed("public point"))?;
+        let e_point: [u8; POINT_LEN] = public
+            .as_ref()
+            .try_into()
+            .map_err(|_| failed("public point length"))?;
+        let peer = uncompressed(&self.public)?;
+        let mut z = Zeroizing::new([0u8; 32]);
+        agree_ephemeral(
+            ephemeral,
+            &UnparsedPublicKey::new(&ECDH_P256, &peer),
+            |shared| z.copy_from_slice(shared),
+        )
+        .map_err(|_| failed("ECDH"))?;
+        self.seal(key, &z, &e_point)
+    }
+
+    fn kind(&self) -> u8 {
+        self.kind
+    }
+
+    fn fingerprint(&self) -> [u8; FINGERPRINT_LEN] {
+        self.fingerprint
+    }
+}
+
+impl P256Recipient {
+    /// The stanza: `key` sealed under the key derived from Z.
+    fn seal(&self, key: &SessionKey, z: &[u8; 32], e_point: &[u8; POINT_LEN]) -> Result<Stanza> {
+        let cipher = wrap_cipher(self.kind, z, e_point, &uncompressed(&self.public)?)?;
         let wrapped = cipher
             .encrypt(
                 &[0u8; 12].into(),
@@ -119,20 +160,12 @@ impl Recipient for P256Recipient {
             .map_err(|_| Error::Backend("aes-gcm wrap".into()))?;
         let mut body = Vec::with_capacity(BODY_LEN);
         body.extend_from_slice(&self.fingerprint);
-        body.extend_from_slice(&e_point);
+        body.extend_from_slice(e_point);
         body.extend_from_slice(&wrapped);
         Ok(Stanza {
             kind: self.kind,
             body,
         })
-    }
-
-    fn kind(&self) -> u8 {
-        self.kind
-    }
-
-    fn fingerprint(&self) -> [u8; FINGERPRINT_LEN] {
-        self.fingerprint
     }
 }
 

@@ -96,6 +96,12 @@ impl Recipient for Shared {
     ) -> tpmcrypt_cipher::Result<Stanza> {
         self.0.wrap(key, rng)
     }
+    fn wrap_with_os_rng(
+        &self,
+        key: &tpmcrypt_cipher::SessionKey,
+    ) -> tpmcrypt_cipher::Result<Stanza> {
+        self.0.wrap_with_os_rng(key)
+    }
     fn kind(&self) -> u8 {
         self.0.kind()
     }
