@@ -361,6 +361,38 @@ fn a_one_file_run_does_not_look_up_the_cpu_count() {
     assert_eq!(fs::read(d.join("small.out")).unwrap(), bytes(16 << 10, 3));
 }
 
+/// A recursive encrypt opens each input once: whether a file found by the
+/// walk is a tpmcrypt file already is seen by its first bytes when the run
+/// opens it (it used to be opened, read and closed once more by the walk).
+/// One that is, is still left out, and said so with `-v`.
+#[test]
+fn a_recursive_encrypt_opens_each_input_once() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir(d.join("t")).unwrap();
+    for i in 0..30 {
+        fs::write(d.join(format!("t/f{i:02}")), bytes(1000, i)).unwrap();
+    }
+    fs::write(d.join("x"), b"x").unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "t/old.tpmc", "x"]),
+        "old",
+    );
+    let opens = opens_of(d, &["-v", "encrypt", "-R", &r, "-r", "--no-sync", "t"]);
+    for i in 0..30 {
+        let name = format!("\"t/f{i:02}\"");
+        let n = opens.iter().filter(|l| l.contains(&name)).count();
+        assert_eq!(n, 1, "t/f{i:02} opened {n} times: {opens:#?}");
+    }
+    assert!(
+        !d.join("t/old.tpmc.tpmc").exists(),
+        "a tpmcrypt file encrypted again"
+    );
+    let res = run(d, &["decrypt", "-i", "id", "-o", "-", "t/f07.tpmc"]);
+    assert_ok(&res, "decrypt");
+    assert_eq!(res.stdout, bytes(1000, 7));
+}
+
 /// Group commit: a 2,000-file `--in-place` run makes its outputs durable by
 /// batch (one syncfs each) and syncs each directory once per batch, so its
 /// sync calls are O(batches + directories), not two per file as before;

@@ -212,7 +212,10 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             same,
         });
     }
-    let tasks = named_tasks(sources, naming, &mut failed, &names)?;
+    let mut tasks = named_tasks(sources, naming, &mut failed, &names)?;
+    if naming == Naming::Encrypt {
+        skip_ciphertext_named_as_outputs(&mut tasks, &mut skipped);
+    }
     skipped.retain(|s| !failed.iter().any(|(p, _)| *p == s.path));
     if naming != Naming::Rekey {
         refuse_outputs_that_are_inputs(&tasks)?;
@@ -270,6 +273,35 @@ fn named_tasks(
         }
     }
     Ok(tasks)
+}
+
+/// A walked input that is another task's output (`f.tpmc` beside `f`) is
+/// looked at now, not when opened: if it is a tpmcrypt file already, it is
+/// left out here, as it would be by the run, so that it is not taken for
+/// an input the run would overwrite (the run then reports that `f.tpmc`
+/// exists). Only such inputs are read at planning time.
+fn skip_ciphertext_named_as_outputs(tasks: &mut Vec<Task>, skipped: &mut Vec<Skipped>) {
+    let outputs: std::collections::HashSet<&Path> = tasks
+        .iter()
+        .filter_map(|t| match &t.sink {
+            Sink::File(p) => Some(p.as_path()),
+            Sink::Stdout => None,
+        })
+        .collect();
+    let mut left_out = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        if let Source::File(p) = &t.source {
+            if t.walked && outputs.contains(p.as_path()) && starts_with_magic(p).unwrap_or(false) {
+                left_out.push(i);
+            }
+        }
+    }
+    for i in left_out.into_iter().rev() {
+        if let Source::File(path) = tasks.remove(i).source {
+            skipped.push(Skipped { path, why: ALREADY });
+        }
+    }
+    skipped.sort_by(|a, b| a.path.cmp(&b.path));
 }
 
 /// Whether `out`'s name was not among those its directory held when the
@@ -483,11 +515,9 @@ fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
             Ok(false) => Some("not a tpmcrypt file"),
             Err(_) => Some("cannot be read"),
         },
-        // One that cannot be read is an input: its error is then reported.
-        Naming::Encrypt => match starts_with_magic(path) {
-            Ok(true) => Some("already a tpmcrypt file"),
-            _ => None,
-        },
+        // By content too, but looked at when the run opens it (see
+        // `RunOptions::skip_ciphertext`): one open per file, not two.
+        Naming::Encrypt => None,
     }
 }
 
@@ -507,6 +537,34 @@ fn private_key_kind(file: &File) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// A walked input that is a tpmcrypt file already: an encrypt run skips
+/// it (and says so with `-v`), as it would a file of another kind.
+#[derive(Debug, thiserror::Error)]
+#[error("{ALREADY}")]
+pub struct AlreadyEncrypted;
+
+const ALREADY: &str = "already a tpmcrypt file";
+
+/// Whether the open `file` begins with the tpmcrypt magic bytes, or with
+/// the BEGIN line of its ASCII armor (read at offset 0, the position kept).
+fn is_tpmcrypt_file(file: &File) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt as _;
+    let magic = tpmcrypt_cipher::format::MAGIC;
+    let begin = tpmcrypt_cipher::armor::BEGIN.as_bytes();
+    let mut head = [0u8; 64];
+    let want = begin.len().max(magic.len()).min(head.len());
+    let mut n = 0;
+    while n < want {
+        match file.read_at(&mut head[n..want], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(head[..n].starts_with(&magic) || head[..n].starts_with(begin))
 }
 
 /// Whether `path` begins with the tpmcrypt magic bytes, or with the BEGIN
@@ -556,6 +614,10 @@ pub struct RunOptions {
     pub refuse_tty_output: bool,
     /// What the outputs hold: ciphertext when encrypting.
     pub output_kind: Holds,
+    /// Inputs found by the walk that are tpmcrypt files already are
+    /// skipped (encrypt), seen by their first bytes once opened for the
+    /// run (the walk does not open every file to look).
+    pub skip_ciphertext: bool,
     /// Bounds of a group commit (see [`crate::batch`]).
     pub batch: batch::Limits,
     /// The engine's read, AES and write time over the whole run.
@@ -682,6 +744,9 @@ pub struct Summary {
     pub first_code: Option<i32>,
     /// Time spent waiting for outputs to become durable (group commits).
     pub durable_wait: std::time::Duration,
+    /// Walked inputs left out once opened (see
+    /// `RunOptions::skip_ciphertext`), in task order.
+    pub skipped: Vec<Skipped>,
 }
 
 /// Runs `transform` over every task; a failing task is reported as
@@ -841,6 +906,14 @@ fn take(
                 commit(batch, tasks, opts, summary);
             }
         }
+        Err(err) if err.is::<AlreadyEncrypted>() => {
+            if let Source::File(path) = &task.source {
+                summary.skipped.push(Skipped {
+                    path: path.clone(),
+                    why: ALREADY,
+                });
+            }
+        }
         Err(err) => report(summary, &task.label(), &err),
     }
 }
@@ -970,6 +1043,9 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     let meta = file.metadata()?;
     if meta.is_dir() {
         return Err(usage("is a directory (use -r to recurse)"));
+    }
+    if opts.skip_ciphertext && task.walked && meta.is_file() && is_tpmcrypt_file(&file)? {
+        return Err(AlreadyEncrypted.into());
     }
     if let Some(refused) = crate::replace::refuse_input(task, &meta) {
         return Err(refused);
@@ -1362,6 +1438,8 @@ mod tests {
         a.recursive = true;
         let enc = plan(&a, Naming::Encrypt).unwrap();
         let sources: Vec<_> = enc.tasks.into_iter().map(|t| t.source).collect();
+        // sub/b.tpmc is sub/b's output, so it is looked at now; another
+        // tpmcrypt file would be left out by the run, once opened.
         assert_eq!(
             sources,
             vec![

@@ -96,6 +96,7 @@ fn run_options(
         progress: !ui.quiet,
         refuse_tty_output,
         output_kind,
+        skip_ciphertext: output_kind == Holds::Ciphertext,
         batch: crate::batch::Limits::for_run(files.jobs),
         timings: Default::default(),
     }
@@ -239,12 +240,16 @@ fn finish(
         write_stats(target, &summary, plan, verb, unwraps, &timing, &wall)?;
     }
     if ui.verbose {
+        for s in &summary.skipped {
+            eprintln!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
+        }
         let mut line = format!(
             "tpmcrypt: {verb} {} file(s), {} bytes",
             summary.ok, summary.bytes
         );
-        if !plan.skipped.is_empty() {
-            line.push_str(&format!(", {} skipped", plan.skipped.len()));
+        let skipped = plan.skipped.len() + summary.skipped.len();
+        if skipped > 0 {
+            line.push_str(&format!(", {skipped} skipped"));
         }
         line.push_str(&format!(", {} failed", summary.failed));
         if let Some((n, tpm)) = unwraps {
@@ -285,7 +290,7 @@ fn write_stats(
         "command": if verb == "encrypted" { "encrypt" } else { "decrypt" },
         "files_ok": summary.ok,
         "files_failed": summary.failed,
-        "files_skipped": plan.skipped.len(),
+        "files_skipped": plan.skipped.len() + summary.skipped.len(),
         "bytes": summary.bytes,
         "seconds": secs,
         "files_per_second": summary.ok as f64 / secs.max(1e-9),

@@ -411,6 +411,7 @@ pub fn run(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<i32> {
         progress: !ui.quiet,
         refuse_tty_output: false,
         output_kind: Holds::Ciphertext,
+        skip_ciphertext: false,
         batch: crate::batch::Limits::for_run(args.jobs),
         timings: Default::default(),
     };
