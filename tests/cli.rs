@@ -364,7 +364,7 @@ fn a_one_file_run_does_not_look_up_the_cpu_count() {
 /// A recursive encrypt opens each input once: whether a file found by the
 /// walk is a tpmcrypt file already is seen by its first bytes when the run
 /// opens it (it used to be opened, read and closed once more by the walk).
-/// One that is, is still left out, and said so with `-v`.
+/// One that is, is still left out (what `-v` says of it: tests/files.rs).
 #[test]
 fn a_recursive_encrypt_opens_each_input_once() {
     let (dir, r) = scratch();
@@ -378,7 +378,7 @@ fn a_recursive_encrypt_opens_each_input_once() {
         &run(d, &["encrypt", "-R", &r, "-o", "t/old.tpmc", "x"]),
         "old",
     );
-    let opens = opens_of(d, &["-v", "encrypt", "-R", &r, "-r", "--no-sync", "t"]);
+    let opens = opens_of(d, &["encrypt", "-R", &r, "-r", "--no-sync", "t"]);
     for i in 0..30 {
         let name = format!("\"t/f{i:02}\"");
         let n = opens.iter().filter(|l| l.contains(&name)).count();
