@@ -1,0 +1,75 @@
+//! End-to-end attacks on outputs written with no name (`O_TMPFILE`) and
+//! linked in at the end: what another user, a careless operator or a
+//! crash can make of the time between the file's creation and its name.
+
+mod common;
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{bytes, recovery, tpmcrypt};
+
+/// A FIFO at `path`, so that a run waits for its input while its output
+/// is open.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// The output directory is renamed while the output is being written, and
+/// a symlink to another directory put under its name (what anyone who may
+/// write the parent can do): the output must not be named in that other
+/// directory, which the user never asked for (a plaintext readable there
+/// by whoever owns it). The named temporary's rename failed there; a
+/// link by path followed the symlink.
+#[test]
+fn an_output_is_never_linked_into_a_directory_swapped_in_mid_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::create_dir(d.join("out")).unwrap();
+    fs::create_dir(d.join("elsewhere")).unwrap();
+    let out = d.join("out").canonicalize().unwrap();
+    let fifo = d.join("in.fifo");
+    mkfifo(&fifo);
+    let child = tpmcrypt(d)
+        .args(["encrypt", "-q", "-R", &r, "-o", "out/x.tpmc", "in.fifo"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut writer = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    writer.write_all(&bytes(1 << 20, 7)).unwrap();
+    let start = Instant::now();
+    while !common::has_a_file_open_in(child.id(), &out) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no output opened"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fs::rename(d.join("out"), d.join("out.moved")).unwrap();
+    std::os::unix::fs::symlink(d.join("elsewhere"), d.join("out")).unwrap();
+    drop(writer);
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    let names: Vec<_> = fs::read_dir(d.join("elsewhere"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        names.is_empty(),
+        "the output was linked into the swapped-in directory: {names:?} (exit {:?}, {stderr})",
+        done.status.code()
+    );
+    // Reported (as the old rename's failure was), in one line, and the
+    // output is complete in the directory it was written in.
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("moved or replaced"), "{stderr}");
+    assert!(d.join("out.moved/x.tpmc").is_file(), "{stderr}");
+}
