@@ -73,3 +73,30 @@ fn an_output_is_never_linked_into_a_directory_swapped_in_mid_run() {
     assert!(stderr.contains("moved or replaced"), "{stderr}");
     assert!(d.join("out.moved/x.tpmc").is_file(), "{stderr}");
 }
+
+/// `-o NAME/` or `-o NAME/.` (a careless operator meaning a directory
+/// that does not exist): refused as before (the error of the old rename),
+/// exit 1, and no file named NAME is made (linking by `Path::file_name`
+/// dropped the `/` and the `/.`).
+#[test]
+fn an_output_named_with_a_trailing_slash_is_refused_and_nothing_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), b"hello").unwrap();
+    for (extra, name, says) in [
+        (&[][..], "newdir/", "Not a directory"),
+        (&["--no-sync"][..], "newdir/", "Not a directory"),
+        (&[][..], "newdir/.", "No such file or directory"),
+    ] {
+        let mut args = vec!["encrypt", "-q", "-R", &r];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["-o", name, "f"]);
+        let out = tpmcrypt(d).args(&args).output().expect("spawn");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!d.join("newdir").exists(), "{args:?}: a file was made");
+    }
+}

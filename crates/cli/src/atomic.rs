@@ -623,10 +623,14 @@ fn link_unnamed(file: &File, dir: &OwnedFd, dest: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|_| io::Error::other("descriptor path"))?;
-    let name = dest
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "output has no file name"))?;
-    let to = CString::new(name.as_bytes()).map_err(|_| io::Error::other("NUL in a name"))?;
+    // The last component as written (`Path::file_name` drops a trailing
+    // `/` or `/.`, which name a directory: refused as a link by path is).
+    let name = match dest.as_os_str().as_bytes().rsplit(|&b| b == b'/').next() {
+        Some(b"") => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        Some(b".") | Some(b"..") | None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        Some(name) => name,
+    };
+    let to = CString::new(name).map_err(|_| io::Error::other("NUL in a name"))?;
     // SAFETY: a valid NUL-terminated path and name, a valid directory
     // descriptor; AT_SYMLINK_FOLLOW makes the link to the file the
     // descriptor is open on.
