@@ -16,6 +16,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::ui::shown;
@@ -102,7 +103,7 @@ pub struct AtomicFile {
     unnamed: bool,
     /// The directory an unnamed file was created in (`O_PATH`), which
     /// it is linked into: not whatever the path names by then.
-    dir: Option<OwnedFd>,
+    dir: Option<Arc<OutputDir>>,
 }
 
 impl AtomicFile {
@@ -572,45 +573,103 @@ fn name_of(dest: &Path) -> io::Result<(&Path, &OsStr)> {
     Ok((dir, name))
 }
 
+/// A directory that outputs with no name are created in and linked into
+/// (`O_PATH`: only the write and search permissions any new file needs),
+/// and its identity when opened.
+struct OutputDir {
+    fd: OwnedFd,
+    id: (u64, u64),
+}
+
+impl OutputDir {
+    fn open(dir: &Path) -> io::Result<Arc<Self>> {
+        use std::os::unix::fs::MetadataExt;
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)?;
+        let m = f.metadata()?;
+        Ok(Arc::new(OutputDir {
+            id: (m.dev(), m.ino()),
+            fd: OwnedFd::from(f),
+        }))
+    }
+
+    /// `dir` opened, or the one this thread opened last if that was it
+    /// (a walk gives a thread many files of one directory in a row):
+    /// one open per directory, not per file. With `fresh`, opened anew.
+    fn cached(dir: &Path, fresh: bool) -> io::Result<Arc<Self>> {
+        use std::cell::RefCell;
+        thread_local! {
+            static LAST: RefCell<Option<(PathBuf, Arc<OutputDir>)>> = const { RefCell::new(None) };
+        }
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((p, d)) if !fresh && p == dir => Ok(d.clone()),
+                _ => {
+                    *last = None;
+                    let d = Self::open(dir)?;
+                    *last = Some((dir.to_path_buf(), d.clone()));
+                    Ok(d)
+                }
+            }
+        })
+    }
+
+    /// A new file with no name in it (`O_TMPFILE`, mode 0600).
+    fn tmpfile(&self) -> io::Result<File> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: openat relative to a valid directory descriptor, with a
+        // NUL-terminated name; a new descriptor is owned by the File below.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+}
+
 /// A new file with no name in `dir` (`O_TMPFILE`, mode 0600), with the
-/// directory it is in (`O_PATH`: only a write and search permission are
-/// needed, as for any new file), or None where that cannot be used: the
-/// file system does not take it, or is not one whose `syncfs` makes it
-/// durable, or `/proc/self/fd` is not there to give it a name later.
-fn open_unnamed(dir: &Path) -> io::Result<Option<(File, OwnedFd)>> {
-    use std::os::fd::{AsFd, FromRawFd};
+/// directory it is in, or None where that cannot be used: the file system
+/// does not take it, or is not one whose `syncfs` makes it durable, or
+/// `/proc/self/fd` is not there to give it a name later.
+fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
+    use std::os::fd::AsFd;
     use std::sync::OnceLock;
     static PROC_FD: OnceLock<bool> = OnceLock::new();
     if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
         return Ok(None);
     }
-    let dir_fd = OwnedFd::from(
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-            .open(dir)?,
-    );
-    // SAFETY: openat relative to a valid directory descriptor, with a
-    // NUL-terminated name; a new descriptor is owned by the File below.
-    let fd = unsafe {
-        libc::openat(
-            std::os::fd::AsRawFd::as_raw_fd(&dir_fd),
-            c".".as_ptr(),
-            libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            // Not taken by this file system (or kernel): a temporary instead.
-            Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL) => Ok(None),
-            _ => Err(e),
-        };
+    let mut out_dir = OutputDir::cached(dir, false)?;
+    let mut made = out_dir.tmpfile();
+    if made
+        .as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
+    {
+        // The directory opened before was removed since: the path's own.
+        out_dir = OutputDir::cached(dir, true)?;
+        made = out_dir.tmpfile();
     }
-    // SAFETY: a descriptor just opened, owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    Ok(syncfs_is_durable(file.as_fd()).then_some((file, dir_fd)))
+    let file = match made {
+        Ok(f) => f,
+        // Not taken by this file system (or kernel): a temporary instead.
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL) => Ok(None),
+                _ => Err(e),
+            }
+        }
+    };
+    Ok(syncfs_is_durable(file.as_fd()).then_some((file, out_dir)))
 }
 
 /// Gives the unnamed `file` its first name: `dest`'s file name in `dir`,
@@ -619,7 +678,7 @@ fn open_unnamed(dir: &Path) -> io::Result<Option<(File, OwnedFd)>> {
 /// symlink to a directory of theirs there), never replacing one (`linkat`
 /// of `/proc/self/fd/N`, which needs no privilege, where `AT_EMPTY_PATH`
 /// would).
-fn link_unnamed(file: &File, dir: &OwnedFd, dest: &Path) -> io::Result<()> {
+fn link_unnamed(file: &File, dir: &OutputDir, dest: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|_| io::Error::other("descriptor path"))?;
@@ -638,7 +697,7 @@ fn link_unnamed(file: &File, dir: &OwnedFd, dest: &Path) -> io::Result<()> {
         libc::linkat(
             libc::AT_FDCWD,
             from.as_ptr(),
-            dir.as_raw_fd(),
+            dir.fd.as_raw_fd(),
             to.as_ptr(),
             libc::AT_SYMLINK_FOLLOW,
         )
@@ -656,17 +715,9 @@ fn link_unnamed(file: &File, dir: &OwnedFd, dest: &Path) -> io::Result<()> {
 /// After a link into `dir`: an error if `dest`'s directory path no longer
 /// names `dir` (moved or replaced during the run), for the run to report
 /// rather than take for done what is not where it was asked for.
-fn still_there(dir: &OwnedFd, dest: &Path) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
+fn still_there(dir: &OutputDir, dest: &Path) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat of a valid descriptor into a buffer of its type.
-    if unsafe { libc::fstat(dir.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: initialised by the successful fstat.
-    let st = unsafe { st.assume_init() };
-    let created_in = (st.st_dev, st.st_ino);
+    let created_in = dir.id;
     match fs::metadata(parent_dir(dest)).map(|m| (m.dev(), m.ino())) {
         Ok(now) if now == created_in => Ok(()),
         _ => Err(io::Error::other(format!(
