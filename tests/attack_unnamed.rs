@@ -100,3 +100,53 @@ fn an_output_named_with_a_trailing_slash_is_refused_and_nothing_is_made() {
         assert!(!d.join("newdir").exists(), "{args:?}: a file was made");
     }
 }
+
+/// The same swap during a group commit of `--in-place -r` (the names are
+/// given after a pause made by strace before the first link): no output
+/// reaches the swapped-in directory, each is reported, and every
+/// original stays, beside its output in the directory it was in.
+#[test]
+fn an_in_place_batch_whose_directory_is_swapped_keeps_every_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::create_dir(d.join("tree")).unwrap();
+    fs::create_dir(d.join("elsewhere")).unwrap();
+    for i in 0..3u64 {
+        fs::write(d.join(format!("tree/f{i}")), bytes(3000, i)).unwrap();
+    }
+    let child = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null"])
+        .args(["-e", "inject=linkat:delay_enter=1500000:when=1"])
+        .arg(common::bin())
+        .args(["encrypt", "-q", "--in-place", "-R", &r, "-r", "tree"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("strace (installed by scripts/setup-deps)");
+    // Wait for the outputs to be open with no name, then swap.
+    let tree = d.join("tree").canonicalize().unwrap();
+    let start = Instant::now();
+    while common::unnamed_output_in(&tree).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no output opened"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    fs::rename(d.join("tree"), d.join("tree.moved")).unwrap();
+    std::os::unix::fs::symlink("elsewhere", d.join("tree")).unwrap();
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(
+        fs::read_dir(d.join("elsewhere")).unwrap().count(),
+        0,
+        "{stderr}"
+    );
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    for i in 0..3u64 {
+        let original = d.join(format!("tree.moved/f{i}"));
+        assert_eq!(fs::read(&original).unwrap(), bytes(3000, i), "{stderr}");
+    }
+}
