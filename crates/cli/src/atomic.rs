@@ -12,9 +12,11 @@ use std::collections::BTreeSet;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::ui::shown;
@@ -99,6 +101,9 @@ pub struct AtomicFile {
     /// Written with no name at all (`O_TMPFILE`), linked in at commit:
     /// see [`AtomicFile::create_unnamed`].
     unnamed: bool,
+    /// The directory an unnamed file was created in (`O_PATH`), which
+    /// it is linked into: not whatever the path names by then.
+    dir: Option<Arc<OutputDir>>,
 }
 
 impl AtomicFile {
@@ -128,7 +133,7 @@ impl AtomicFile {
             false => check_dest(dest, false)?,
         };
         match open_unnamed(dir)? {
-            Some(file) => {
+            Some((file, dir)) => {
                 file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
                 Ok(AtomicFile {
                     tmp: PathBuf::new(),
@@ -137,6 +142,7 @@ impl AtomicFile {
                     replace: false,
                     synced: false,
                     unnamed: true,
+                    dir: Some(dir),
                 })
             }
             None => Self::create_named(dest, dir, name, mode, false),
@@ -174,6 +180,7 @@ impl AtomicFile {
                         replace,
                         synced: false,
                         unnamed: false,
+                        dir: None,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
@@ -308,9 +315,10 @@ impl AtomicFile {
     fn rename(&mut self) -> io::Result<()> {
         if self.unnamed {
             // Nothing an interrupt must remove: no lock to take.
-            link_unnamed(&self.file, &self.dest)?;
+            let dir = self.dir.take().ok_or_else(no_dir)?;
+            link_unnamed(&self.file, &dir, &self.dest)?;
             self.unnamed = false;
-            return Ok(());
+            return still_there(&dir, &self.dest);
         }
         let mut list = pending();
         if self.replace {
@@ -386,12 +394,14 @@ impl AtomicFile {
             tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
             let tmp = dir.join(tmp_name);
             let mut list = pending();
-            match link_unnamed(&self.file, &tmp) {
+            let fd = self.dir.as_ref().ok_or_else(no_dir)?;
+            match link_unnamed(&self.file, fd, &tmp) {
                 Ok(()) => {
                     list.insert(tmp.clone());
                     self.tmp = tmp;
                     self.unnamed = false;
-                    return Ok(());
+                    let fd = self.dir.take().ok_or_else(no_dir)?;
+                    return still_there(&fd, &self.dest);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
@@ -563,53 +573,131 @@ fn name_of(dest: &Path) -> io::Result<(&Path, &OsStr)> {
     Ok((dir, name))
 }
 
-/// A new file with no name in `dir` (`O_TMPFILE`, mode 0600), or None
-/// where that cannot be used: the file system does not take it, or is not
-/// one whose `syncfs` makes it durable, or `/proc/self/fd` is not there
-/// to give it a name later.
-fn open_unnamed(dir: &Path) -> io::Result<Option<File>> {
+/// A directory that outputs with no name are created in and linked into
+/// (`O_PATH`: only the write and search permissions any new file needs),
+/// and its identity when opened.
+struct OutputDir {
+    fd: OwnedFd,
+    id: (u64, u64),
+}
+
+impl OutputDir {
+    fn open(dir: &Path) -> io::Result<Arc<Self>> {
+        use std::os::unix::fs::MetadataExt;
+        let f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)?;
+        let m = f.metadata()?;
+        Ok(Arc::new(OutputDir {
+            id: (m.dev(), m.ino()),
+            fd: OwnedFd::from(f),
+        }))
+    }
+
+    /// `dir` opened, or the one this thread opened last if that was it
+    /// (a walk gives a thread many files of one directory in a row):
+    /// one open per directory, not per file. With `fresh`, opened anew.
+    fn cached(dir: &Path, fresh: bool) -> io::Result<Arc<Self>> {
+        use std::cell::RefCell;
+        thread_local! {
+            static LAST: RefCell<Option<(PathBuf, Arc<OutputDir>)>> = const { RefCell::new(None) };
+        }
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((p, d)) if !fresh && p == dir => Ok(d.clone()),
+                _ => {
+                    *last = None;
+                    let d = Self::open(dir)?;
+                    *last = Some((dir.to_path_buf(), d.clone()));
+                    Ok(d)
+                }
+            }
+        })
+    }
+
+    /// A new file with no name in it (`O_TMPFILE`, mode 0600).
+    fn tmpfile(&self) -> io::Result<File> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: openat relative to a valid directory descriptor, with a
+        // NUL-terminated name; a new descriptor is owned by the File below.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+}
+
+/// A new file with no name in `dir` (`O_TMPFILE`, mode 0600), with the
+/// directory it is in, or None where that cannot be used: the file system
+/// does not take it, or is not one whose `syncfs` makes it durable, or
+/// `/proc/self/fd` is not there to give it a name later.
+fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
+    use std::os::fd::AsFd;
     use std::sync::OnceLock;
     static PROC_FD: OnceLock<bool> = OnceLock::new();
     if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
         return Ok(None);
     }
-    let file = match OpenOptions::new()
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir)
+    let mut out_dir = OutputDir::cached(dir, false)?;
+    let mut made = out_dir.tmpfile();
+    if made
+        .as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
     {
+        // The directory opened before was removed since: the path's own.
+        out_dir = OutputDir::cached(dir, true)?;
+        made = out_dir.tmpfile();
+    }
+    let file = match made {
         Ok(f) => f,
         // Not taken by this file system (or kernel): a temporary instead.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
-            ) =>
-        {
-            return Ok(None)
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL) => Ok(None),
+                _ => Err(e),
+            }
         }
-        Err(e) => return Err(e),
     };
-    use std::os::fd::AsFd;
-    Ok(syncfs_is_durable(file.as_fd()).then_some(file))
+    Ok(syncfs_is_durable(file.as_fd()).then_some((file, out_dir)))
 }
 
-/// Gives the unnamed `file` its first name `dest`, never replacing one
-/// (`linkat` of `/proc/self/fd/N`, which needs no privilege, where
-/// `AT_EMPTY_PATH` would).
-fn link_unnamed(file: &File, dest: &Path) -> io::Result<()> {
+/// Gives the unnamed `file` its first name: `dest`'s file name in `dir`,
+/// the directory it was created in (not whatever `dest`'s directory path
+/// names by now: another user who may write its parent could have put a
+/// symlink to a directory of theirs there), never replacing one (`linkat`
+/// of `/proc/self/fd/N`, which needs no privilege, where `AT_EMPTY_PATH`
+/// would).
+fn link_unnamed(file: &File, dir: &OutputDir, dest: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|_| io::Error::other("descriptor path"))?;
-    let to = cstring(dest)?;
-    // SAFETY: two valid NUL-terminated paths; AT_SYMLINK_FOLLOW makes the
-    // link to the file the descriptor is open on.
+    // The last component as written (`Path::file_name` drops a trailing
+    // `/` or `/.`, which name a directory: refused as a link by path is).
+    let name = match dest.as_os_str().as_bytes().rsplit(|&b| b == b'/').next() {
+        Some(b"") => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        Some(b".") | Some(b"..") | None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+        Some(name) => name,
+    };
+    let to = CString::new(name).map_err(|_| io::Error::other("NUL in a name"))?;
+    // SAFETY: a valid NUL-terminated path and name, a valid directory
+    // descriptor; AT_SYMLINK_FOLLOW makes the link to the file the
+    // descriptor is open on.
     let rc = unsafe {
         libc::linkat(
             libc::AT_FDCWD,
             from.as_ptr(),
-            libc::AT_FDCWD,
+            dir.fd.as_raw_fd(),
             to.as_ptr(),
             libc::AT_SYMLINK_FOLLOW,
         )
@@ -622,6 +710,27 @@ fn link_unnamed(file: &File, dest: &Path) -> io::Result<()> {
         Some(libc::EEXIST) => Err(exists(dest)),
         _ => Err(err),
     }
+}
+
+/// After a link into `dir`: an error if `dest`'s directory path no longer
+/// names `dir` (moved or replaced during the run), for the run to report
+/// rather than take for done what is not where it was asked for.
+fn still_there(dir: &OutputDir, dest: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let created_in = dir.id;
+    match fs::metadata(parent_dir(dest)).map(|m| (m.dev(), m.ino())) {
+        Ok(now) if now == created_in => Ok(()),
+        _ => Err(io::Error::other(format!(
+            "the directory of {} was moved or replaced during the run; \
+             the output was named in the directory it was created in",
+            shown(dest)
+        ))),
+    }
+}
+
+/// An unnamed file without its directory (never: kept from creation).
+fn no_dir() -> io::Error {
+    io::Error::other("the output's directory is not known")
 }
 
 /// Whether `syncfs` on `fd`'s file system makes its data durable: only on
