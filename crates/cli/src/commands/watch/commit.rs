@@ -26,8 +26,9 @@ use super::show;
 use super::worker::{self, Ctx, Item, Outcome, Ready};
 use crate::batch::{self, Batch, CommitError, Limits, Pending};
 
-/// How long the first ciphertext of a batch may wait for others: short,
-/// since it adds to every file's latency (the p99 goal is 100 ms).
+/// How long the oldest ciphertext of a batch may wait for others, from
+/// when its worker handed it over: short, since it adds to every file's
+/// latency (the p99 goal is 100 ms).
 pub const BATCH_AGE: Duration = Duration::from_millis(20);
 
 /// The watch daemon's batch bounds: [`BATCH_AGE`], 256 MiB, and half of
@@ -43,6 +44,52 @@ pub fn limits() -> Limits {
     }
 }
 
+/// The batch being filled, and when its oldest output became ready (its
+/// worker finished it). The age bound counts from then, not from when the
+/// committer took it: outputs that queued up while the previous batch was
+/// committing (a slow disk) are committed at once, not held another
+/// [`BATCH_AGE`] on top of that wait.
+struct Filling<T> {
+    batch: Batch<T>,
+    age: Duration,
+    oldest: Option<Instant>,
+    /// The batch reached its bound of files or bytes.
+    full: bool,
+}
+
+impl<T: Send> Filling<T> {
+    fn new(limits: Limits) -> Self {
+        Filling {
+            batch: Batch::new(limits),
+            age: limits.age,
+            oldest: None,
+            full: false,
+        }
+    }
+
+    /// Adds an output a worker finished at `ready_at`; true when the
+    /// batch is due (full, or its oldest output is old enough).
+    fn push(&mut self, p: Pending<T>, ready_at: Instant) -> bool {
+        self.full = self.batch.push(p);
+        let oldest = self.oldest.map_or(ready_at, |t| t.min(ready_at));
+        self.oldest = Some(oldest);
+        self.full || oldest + self.age <= Instant::now()
+    }
+
+    /// When the batch is due by age (None while empty).
+    fn deadline(&self) -> Option<Instant> {
+        let own = self.batch.deadline()?;
+        Some(self.oldest.map_or(own, |t| own.min(t + self.age)))
+    }
+
+    /// The batch to commit, and when its oldest output was ready; the
+    /// next one starts empty.
+    fn take(&mut self) -> (&mut Batch<T>, Option<Instant>) {
+        self.full = false;
+        (&mut self.batch, self.oldest.take())
+    }
+}
+
 /// Commits what the workers send until they are all gone (their senders
 /// dropped), then commits the rest and returns.
 pub fn run(
@@ -51,43 +98,70 @@ pub fn run(
     done: Sender<(PathBuf, Outcome)>,
     limits: Limits,
 ) {
-    let mut batch = Batch::new(limits);
+    let mut filling = Filling::new(limits);
     loop {
-        let msg = match batch.deadline() {
+        let msg = match filling.deadline() {
             Some(at) => rx.recv_deadline(at),
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match msg {
             Ok(ready) => {
-                let Ready { item, out } = *ready;
-                let bytes = item.rec.ct_len;
-                let full = batch.push(Pending {
-                    tag: item,
-                    out,
-                    bytes,
-                    original: None,
-                });
-                if full {
-                    commit(&ctx, &mut batch, &done);
+                if add(&mut filling, *ready) {
+                    // What else is waiting already (it queued up behind
+                    // the previous commit) joins the batch.
+                    while !filling.full {
+                        match rx.try_recv() {
+                            Ok(more) => {
+                                add(&mut filling, *more);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    commit(&ctx, filling.take(), &done);
                 }
             }
-            Err(RecvTimeoutError::Timeout) => commit(&ctx, &mut batch, &done),
+            Err(RecvTimeoutError::Timeout) => commit(&ctx, filling.take(), &done),
             Err(RecvTimeoutError::Disconnected) => {
-                commit(&ctx, &mut batch, &done);
+                commit(&ctx, filling.take(), &done);
                 return;
             }
         }
     }
 }
 
+/// Adds a ciphertext to the batch being filled; true when it is due.
+fn add(filling: &mut Filling<Item>, ready: Ready) -> bool {
+    let Ready { item, out } = ready;
+    let bytes = item.rec.ct_len;
+    let ready_at = item.ready_at;
+    filling.push(
+        Pending {
+            tag: item,
+            out,
+            bytes,
+            original: None,
+        },
+        ready_at,
+    )
+}
+
 /// Steps 1-4 for one batch; sends every outcome.
-fn commit(ctx: &Ctx, batch: &mut Batch<Item>, done: &Sender<(PathBuf, Outcome)>) {
+fn commit(
+    ctx: &Ctx,
+    (batch, oldest): (&mut Batch<Item>, Option<Instant>),
+    done: &Sender<(PathBuf, Outcome)>,
+) {
     if batch.is_empty() {
         return;
     }
     let mut first = true;
+    let started = Instant::now();
+    let ms = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1e3;
+    let waited = oldest.map_or(0.0, |t| ms(t, started));
+    let mut synced = started;
     let results = batch.commit_with(|item| {
         if std::mem::take(&mut first) {
+            synced = Instant::now();
             crash_point("synced");
         }
         // Never into a DEST recreated meanwhile (by another daemon, say).
@@ -128,7 +202,13 @@ fn commit(ctx: &Ctx, batch: &mut Batch<Item>, done: &Sender<(PathBuf, Outcome)>)
             warn!("the removal of verified sources may not be durable yet: {e}");
         }
     }
-    debug!("committed a batch of {files} file(s), {removed} source(s) removed");
+    debug!(
+        "committed a batch of {files} file(s), {removed} source(s) removed: oldest ready \
+         {waited:.1} ms before; data durable in {:.1} ms, names {:.1} ms, removals {:.1} ms",
+        ms(started, synced),
+        ms(synced, done_at),
+        ms(done_at, Instant::now())
+    );
     for o in outcomes {
         if done.send(o).is_err() {
             return;
@@ -147,6 +227,7 @@ fn finish(ctx: &Ctx, item: Item, done_at: Instant, removed_from: &mut Vec<OwnedF
         no_lease,
         links,
         service,
+        ready_at: _,
     } = item;
     if no_lease {
         warn_no_lease(ctx, &rel);
@@ -273,5 +354,31 @@ mod tests {
         assert!(at >= before + BATCH_AGE && at <= after + BATCH_AGE);
         std::thread::sleep(BATCH_AGE);
         assert!(b.push(pending(d, 6, 1)));
+    }
+
+    #[test]
+    fn an_output_that_waited_behind_a_commit_is_not_held_again() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let d = dir.path();
+        let mut f = Filling::new(limits());
+        // Finished by its worker BATCH_AGE ago, and queued meanwhile (the
+        // committer was busy with the previous batch): due at once, not
+        // BATCH_AGE after the committer took it.
+        let now = Instant::now();
+        let waited = now
+            .checked_sub(BATCH_AGE)
+            .expect("a monotonic clock past BATCH_AGE");
+        assert!(f.push(pending(d, 0, 1), waited));
+        assert!(f.deadline().is_some_and(|at| at <= now));
+
+        // A fresh output alone waits for others until BATCH_AGE after it
+        // was ready; an older one pushed after it moves the deadline up.
+        let mut f = Filling::new(limits());
+        let fresh = Instant::now();
+        assert!(!f.push(pending(d, 1, 1), fresh));
+        assert!(f.deadline().is_some_and(|at| at >= fresh + BATCH_AGE));
+        let older = fresh.checked_sub(BATCH_AGE / 2).expect("a monotonic clock");
+        assert!(!f.push(pending(d, 2, 1), older));
+        assert!(f.deadline().is_some_and(|at| at <= older + BATCH_AGE));
     }
 }

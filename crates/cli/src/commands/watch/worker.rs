@@ -262,6 +262,9 @@ pub struct Item {
     pub links: u64,
     /// Time the worker spent on it.
     pub service: Duration,
+    /// When the worker handed it over (a batch's age counts from its
+    /// oldest output's).
+    pub ready_at: Instant,
 }
 
 /// A ciphertext handed to the committer.
@@ -351,6 +354,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
             no_lease,
             links: if links { st0.nlink } else { 0 },
             service: started.elapsed(),
+            ready_at: Instant::now(),
         },
         out,
     })))
