@@ -605,3 +605,41 @@ fn a_killed_run_leaves_nothing_in_the_output_directory() {
         assert_eq!(raw_listing(&out), Vec::<Vec<u8>>::new(), "{command:?}");
     }
 }
+
+/// The plaintext of a ciphertext read from a FIFO does not take the FIFO's
+/// mode (a FIFO anyone may write to, 0666, made the plaintext readable by
+/// anyone): like one read from stdin, it is made under the umask.
+#[test]
+fn an_output_read_from_a_fifo_is_made_under_the_umask() {
+    use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("secret"), b"the plaintext").unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "secret"]), "encrypt");
+    let ct = fs::read(d.join("secret.tpmc")).unwrap();
+    let fifo = d.join("in.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    fs::set_permissions(&fifo, fs::Permissions::from_mode(0o666)).unwrap();
+    let mut cmd = tpmcrypt(d);
+    cmd.args(["decrypt", "-i", "id", "-o", "out", "in.fifo"]);
+    // SAFETY: umask is async-signal-safe and cannot fail.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn");
+    let mut w = fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    w.write_all(&ct).unwrap();
+    drop(w);
+    let res: common::Run = child.wait_with_output().unwrap().into();
+    assert_ok(&res, "decrypt from a FIFO");
+    assert_eq!(fs::read(d.join("out")).unwrap(), b"the plaintext");
+    let mode = fs::metadata(d.join("out")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "plaintext mode {mode:o}");
+}

@@ -752,6 +752,8 @@ pub struct Summary {
 /// Runs `transform` over every task; a failing task is reported as
 /// `error: <file>: <cause>` and does not stop the others.
 pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summary {
+    // Before any worker thread: reading it sets it for a moment.
+    let _ = current_umask();
     // Best effort: without it an interrupted run's temporary waits for the
     // next run to clean it up, as after kill -9.
     let _ = atomic::remove_temporaries_on_interrupt();
@@ -1067,7 +1069,13 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
         stamp: meta.is_file().then(|| Stamp::of(&meta)),
         // An output that replaces its original keeps who owns it.
         owner: opts.in_place.then(|| (meta.uid(), meta.gid())),
-        mode: meta.permissions().mode() & 0o777,
+        // A regular file's output keeps its mode; a FIFO's or a device's
+        // mode says nothing of what flows through it, so that output is
+        // made as one from stdin is (the umask decides).
+        mode: match meta.is_file() {
+            true => meta.permissions().mode() & 0o777,
+            false => 0o666 & !current_umask(),
+        },
         file,
     })
 }
@@ -1341,14 +1349,16 @@ fn make_bar(enabled: bool, size: Option<u64>) -> Option<indicatif::ProgressBar> 
     Some(bar)
 }
 
+/// The process's umask, read once: [`run`] reads it on the main thread
+/// before any worker exists (reading it means setting it for a moment).
 fn current_umask() -> u32 {
-    // SAFETY: umask cannot fail; it is set back immediately. Called from the
-    // main thread before any worker exists.
-    unsafe {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    // SAFETY: umask cannot fail; it is set back immediately.
+    *UMASK.get_or_init(|| unsafe {
         let old = libc::umask(0o077);
         libc::umask(old);
         old as u32
-    }
+    })
 }
 
 #[cfg(test)]
