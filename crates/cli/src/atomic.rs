@@ -156,38 +156,23 @@ impl AtomicFile {
         mode: u32,
         replace: bool,
     ) -> io::Result<Self> {
-        let prefix = partial_prefix(name);
-        let mut last_err = None;
-        for _ in 0..16 {
-            let mut tmp_name = prefix.clone();
-            tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
-            let tmp = dir.join(tmp_name);
-            let mut list = pending();
-            match OpenOptions::new()
+        let (tmp, file) = under_temporary_name(dir, name, |tmp| {
+            OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .open(&tmp)
-            {
-                Ok(file) => {
-                    list.insert(tmp.clone());
-                    drop(list);
-                    file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
-                    return Ok(AtomicFile {
-                        tmp,
-                        dest: dest.to_path_buf(),
-                        file,
-                        replace,
-                        synced: false,
-                        unnamed: false,
-                        dir: None,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
+                .open(tmp)
+        })?;
+        file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
+        Ok(AtomicFile {
+            tmp,
+            dest: dest.to_path_buf(),
+            file,
+            replace,
+            synced: false,
+            unnamed: false,
+            dir: None,
+        })
     }
 
     /// Gives the file, before anything is written to it, the owner and
@@ -388,26 +373,13 @@ impl AtomicFile {
     fn name_temporarily(&mut self) -> io::Result<()> {
         let (dir, name) = (parent_dir(&self.dest), self.dest.file_name());
         let name = name.ok_or_else(|| io::Error::other("output has no file name"))?;
-        let prefix = partial_prefix(name);
-        for _ in 0..16 {
-            let mut tmp_name = prefix.clone();
-            tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
-            let tmp = dir.join(tmp_name);
-            let mut list = pending();
-            let fd = self.dir.as_ref().ok_or_else(no_dir)?;
-            match link_unnamed(&self.file, fd, &tmp) {
-                Ok(()) => {
-                    list.insert(tmp.clone());
-                    self.tmp = tmp;
-                    self.unnamed = false;
-                    let fd = self.dir.take().ok_or_else(no_dir)?;
-                    return still_there(&fd, &self.dest);
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(io::Error::other("could not name a temporary file"))
+        let fd = self.dir.as_ref().ok_or_else(no_dir)?;
+        let file = &self.file;
+        let (tmp, ()) = under_temporary_name(dir, name, |tmp| link_unnamed(file, fd, tmp))?;
+        self.tmp = tmp;
+        self.unnamed = false;
+        let fd = self.dir.take().ok_or_else(no_dir)?;
+        still_there(&fd, &self.dest)
     }
 }
 
@@ -540,6 +512,34 @@ impl io::Write for Writeback<'_> {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
+}
+
+/// Runs `make` on a fresh temporary name for `name` in `dir` (a name
+/// taken is tried again, 16 times at most), recording the name for an
+/// interrupt to remove under the same lock. Returns the name and what
+/// `make` made.
+fn under_temporary_name<T>(
+    dir: &Path,
+    name: &OsStr,
+    mut make: impl FnMut(&Path) -> io::Result<T>,
+) -> io::Result<(PathBuf, T)> {
+    let prefix = partial_prefix(name);
+    let mut last_err = None;
+    for _ in 0..16 {
+        let mut tmp_name = prefix.clone();
+        tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
+        let tmp = dir.join(tmp_name);
+        let mut list = pending();
+        match make(&tmp) {
+            Ok(made) => {
+                list.insert(tmp.clone());
+                return Ok((tmp, made));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
 }
 
 /// The checks made before an output is started: `dest` is not a directory,
