@@ -551,10 +551,8 @@ const ALREADY: &str = "already a tpmcrypt file";
 /// the BEGIN line of its ASCII armor (read at offset 0, the position kept).
 fn is_tpmcrypt_file(file: &File) -> io::Result<bool> {
     use std::os::unix::fs::FileExt as _;
-    let magic = tpmcrypt_cipher::format::MAGIC;
-    let begin = tpmcrypt_cipher::armor::BEGIN.as_bytes();
     let mut head = [0u8; 64];
-    let want = begin.len().max(magic.len()).min(head.len());
+    let want = HEAD_LEN.min(head.len());
     let mut n = 0;
     while n < want {
         match file.read_at(&mut head[n..want], n as u64) {
@@ -564,7 +562,28 @@ fn is_tpmcrypt_file(file: &File) -> io::Result<bool> {
             Err(e) => return Err(e),
         }
     }
-    Ok(head[..n].starts_with(&magic) || head[..n].starts_with(begin))
+    Ok(is_tpmcrypt_head(&head[..n]))
+}
+
+/// How many first bytes tell a tpmcrypt file: its magic, or the BEGIN
+/// line of its ASCII armor.
+const HEAD_LEN: usize = {
+    let (m, b) = (
+        tpmcrypt_cipher::format::MAGIC.len(),
+        tpmcrypt_cipher::armor::BEGIN.len(),
+    );
+    if m > b {
+        m
+    } else {
+        b
+    }
+};
+
+/// Whether `head` (a file's first [`HEAD_LEN`] bytes, or all of a shorter
+/// one) begins a tpmcrypt file or its ASCII armor.
+fn is_tpmcrypt_head(head: &[u8]) -> bool {
+    head.starts_with(&tpmcrypt_cipher::format::MAGIC)
+        || head.starts_with(tpmcrypt_cipher::armor::BEGIN.as_bytes())
 }
 
 /// Whether `path` begins with the tpmcrypt magic bytes, or with the BEGIN
@@ -572,16 +591,14 @@ fn is_tpmcrypt_file(file: &File) -> io::Result<bool> {
 fn starts_with_magic(path: &Path) -> io::Result<bool> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt;
-    let magic = tpmcrypt_cipher::format::MAGIC;
-    let begin = tpmcrypt_cipher::armor::BEGIN.as_bytes();
     let mut head = [0u8; 64];
     // Never blocks on a FIFO swapped in for the file, never follows a link.
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path)?;
-    let n = tpmcrypt_cipher::stream::read_full(&mut file.take(begin.len() as u64), &mut head)?;
-    Ok(head[..n].starts_with(&magic) || head[..n].starts_with(begin))
+    let n = tpmcrypt_cipher::stream::read_full(&mut file.take(HEAD_LEN as u64), &mut head)?;
+    Ok(is_tpmcrypt_head(&head[..n]))
 }
 
 /// A transform from an input to an output (encrypt or decrypt one stream).
