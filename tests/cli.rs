@@ -281,34 +281,14 @@ fn round_trip_output_variants() {
     assert_ne!(fs::read(d.join("a.bin")).unwrap(), enc.stdout);
 }
 
-/// The sync calls (`fsync`, `fdatasync`, `sync_file_range`) a run makes,
-/// as strace saw them.
-fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
+/// The calls of the kinds in `trace` (strace's `-e trace=`) a run makes,
+/// in order, as strace saw them.
+fn traced(dir: &Path, trace: &str, args: &[&str]) -> Vec<String> {
     let log = dir.join("strace.log");
     let status = common::wrapper(dir, "strace")
         .args(["-f", "-qq", "-o"])
         .arg(&log)
-        .args(["-e", "trace=fsync,fdatasync,sync_file_range,syncfs"])
-        .arg(common::bin())
-        .args(args)
-        .status()
-        .expect("strace (installed by scripts/setup-deps)");
-    assert!(status.success(), "{args:?} under strace: {status}");
-    let text = fs::read_to_string(&log).unwrap();
-    fs::remove_file(&log).unwrap();
-    text.lines()
-        .filter(|l| l.contains("sync"))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The files a run opens, as strace saw them (`openat` calls).
-fn opens_of(dir: &Path, args: &[&str]) -> Vec<String> {
-    let log = dir.join("strace-open.log");
-    let status = common::wrapper(dir, "strace")
-        .args(["-f", "-qq", "-o"])
-        .arg(&log)
-        .args(["-e", "trace=open,openat,openat2"])
+        .args(["-e", &format!("trace={trace}")])
         .arg(common::bin())
         .args(args)
         .status()
@@ -317,6 +297,18 @@ fn opens_of(dir: &Path, args: &[&str]) -> Vec<String> {
     let text = fs::read_to_string(&log).unwrap();
     fs::remove_file(&log).unwrap();
     text.lines().map(str::to_owned).collect()
+}
+
+/// The sync calls (`fsync`, `fdatasync`, `sync_file_range`) a run makes,
+/// as strace saw them.
+fn syncs_of(dir: &Path, args: &[&str]) -> Vec<String> {
+    let calls = traced(dir, "fsync,fdatasync,sync_file_range,syncfs", args);
+    calls.into_iter().filter(|l| l.contains("sync")).collect()
+}
+
+/// The files a run opens, as strace saw them (`openat` calls).
+fn opens_of(dir: &Path, args: &[&str]) -> Vec<String> {
+    traced(dir, "open,openat,openat2", args)
 }
 
 /// A script runs one process per file: such a run does no start-up work it
@@ -447,26 +439,6 @@ fn many_files_are_made_durable_by_batch_not_one_by_one() {
     }
 }
 
-/// The sync and naming calls a run makes, in order, as strace saw them.
-fn syncs_and_names_of(dir: &Path, args: &[&str]) -> Vec<String> {
-    let log = dir.join("strace-names.log");
-    let status = common::wrapper(dir, "strace")
-        .args(["-f", "-qq", "-o"])
-        .arg(&log)
-        .args([
-            "-e",
-            "trace=fsync,fdatasync,syncfs,linkat,rename,renameat,renameat2",
-        ])
-        .arg(common::bin())
-        .args(args)
-        .status()
-        .expect("strace (installed by scripts/setup-deps)");
-    assert!(status.success(), "{args:?} under strace: {status}");
-    let text = fs::read_to_string(&log).unwrap();
-    fs::remove_file(&log).unwrap();
-    text.lines().map(str::to_owned).collect()
-}
-
 /// An output is written with no name and gets one (`linkat`) only after
 /// its data is durable; then its inode, whose link count that changed, is
 /// made durable too before the run ends: one file is fsynced again, a
@@ -486,7 +458,11 @@ fn outputs_are_named_after_their_data_is_durable_and_then_synced_again() {
         (vec!["encrypt", "-R", &r, "-r", "flat"], "syncfs"),
         (vec!["encrypt", "-R", &r, "one"], "fsync"),
     ] {
-        let calls = syncs_and_names_of(d, &args);
+        let calls = traced(
+            d,
+            "fsync,fdatasync,syncfs,linkat,rename,renameat,renameat2",
+            &args,
+        );
         let links: Vec<usize> = (0..calls.len())
             .filter(|&i| is(&calls[i], "linkat"))
             .collect();

@@ -429,15 +429,24 @@ pub fn max_child_rss_kib() -> i64 {
     usage.ru_maxrss
 }
 
+/// The descriptors of process `pid` (`/proc/PID/fd/N`), each with the
+/// path it names (a file with no name shows as `DIR/#INODE (deleted)`).
+fn descriptors(pid: &str) -> Vec<(PathBuf, PathBuf)> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| Some((fd.path(), std::fs::read_link(fd.path()).ok()?)))
+        .collect()
+}
+
 /// Whether process `pid` has a file open in directory `dir` (given
 /// canonical), as its descriptors name them: an output being written with
 /// no name yet shows as `DIR/#INODE (deleted)`.
 pub fn has_a_file_open_in(pid: u32, dir: &Path) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten()
-        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.parent() == Some(dir)))
+    descriptors(&pid.to_string())
+        .iter()
+        .any(|(_, target)| target.parent() == Some(dir))
 }
 
 /// A path through which an output being written with no name yet in
@@ -445,30 +454,24 @@ pub fn has_a_file_open_in(pid: u32, dir: &Path) -> bool {
 /// holds it: its link shows `DIR/#INODE (deleted)`).
 pub fn unnamed_output_in(dir: &Path) -> Option<PathBuf> {
     let dir = dir.canonicalize().ok()?;
-    for proc_entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let name = proc_entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(proc_entry.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let Ok(target) = std::fs::read_link(fd.path()) else {
-                continue;
-            };
-            let shown = target.to_string_lossy();
-            if target.parent() == Some(dir.as_path())
-                && target
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('#'))
-                && shown.ends_with(" (deleted)")
-            {
-                return Some(fd.path());
-            }
-        }
-    }
-    None
+    let unnamed = |target: &Path| {
+        target.parent() == Some(dir.as_path())
+            && target
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('#'))
+            && target.to_string_lossy().ends_with(" (deleted)")
+    };
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .find_map(|pid| {
+            descriptors(&pid)
+                .into_iter()
+                .find(|(_, target)| unnamed(target))
+                .map(|(fd, _)| fd)
+        })
 }
 
 /// A TCP proxy in front of swtpm's command port that records the command
