@@ -75,10 +75,14 @@ fn supports(b: &dyn Backend, mode: Mode, key_len: usize) -> bool {
 }
 
 fn backends_for(mode: Mode, key_len: usize) -> Vec<Arc<dyn Backend>> {
-    let all: Vec<_> = backend::all()
-        .into_iter()
-        .filter(|b| supports(b.as_ref(), mode, key_len))
-        .collect();
+    let all: Vec<_> = {
+        // Every backend, OpenSSL included (see backend::enable_openssl).
+        backend::enable_openssl();
+        backend::all()
+    }
+    .into_iter()
+    .filter(|b| supports(b.as_ref(), mode, key_len))
+    .collect();
     assert!(!all.is_empty());
     all
 }

@@ -108,7 +108,11 @@ impl Counts {
     /// `supported` holds executed at least one vector (and that the others
     /// executed none).
     fn finish(&self, file: &str, supported: impl Fn(&dyn Backend) -> bool) {
-        for b in backend::all() {
+        for b in {
+            // Every backend, OpenSSL included (see backend::enable_openssl).
+            backend::enable_openssl();
+            backend::all()
+        } {
             let (ran, skipped) = self.by_backend.get(b.name()).copied().unwrap_or_default();
             println!(
                 "{file}: backend {:<10} executed {ran:>4}, skipped (declared unsupported) {skipped:>4}",
@@ -141,7 +145,11 @@ fn aes_gcm() {
             continue;
         }
         let key_len = (num(group, "keySize") / 8) as usize;
-        for b in backend::all() {
+        for b in {
+            // Every backend, OpenSSL included (see backend::enable_openssl).
+            backend::enable_openssl();
+            backend::all()
+        } {
             if !b.supports_gcm(key_len) {
                 assert!(
                     b.gcm(&vec![0u8; key_len]).is_err(),
@@ -216,7 +224,11 @@ fn aes_cbc_pkcs5() {
     let json = load("aes_cbc_pkcs5_test.json");
     let mut counts = Counts::default();
     for group in groups(&json) {
-        for b in backend::all() {
+        for b in {
+            // Every backend, OpenSSL included (see backend::enable_openssl).
+            backend::enable_openssl();
+            backend::all()
+        } {
             if !b.supports_cbc() {
                 assert!(b.cbc(&[0u8; 16]).is_err());
                 for _ in tests(group) {
@@ -299,7 +311,11 @@ fn hkdf_sha256() {
             let salt = hex_field(t, "salt");
             let info = hex_field(t, "info");
             let size = num(t, "size") as usize;
-            for b in backend::all() {
+            for b in {
+                // Every backend, OpenSSL included (see backend::enable_openssl).
+                backend::enable_openssl();
+                backend::all()
+            } {
                 let name = b.name();
                 let mut out = vec![0u8; size];
                 let got = b.hkdf_sha256(&ikm, &salt, &info, &mut out);
@@ -337,7 +353,11 @@ fn check_hmac_file(file: &str, hash: Hash) {
             let key = hex_field(t, "key");
             let msg = hex_field(t, "msg");
             let tag = hex_field(t, "tag");
-            for b in backend::all() {
+            for b in {
+                // Every backend, OpenSSL included (see backend::enable_openssl).
+                backend::enable_openssl();
+                backend::all()
+            } {
                 let name = b.name();
                 let full = b
                     .hmac(hash, &key, &[&msg])
@@ -384,7 +404,11 @@ fn check_cbc_hmac_file(file: &str, composite_len: usize) {
     for group in groups(&json) {
         assert_eq!(num(group, "keySize") as usize, composite_len * 8);
         assert_eq!(num(group, "ivSize"), 128);
-        for b in backend::all() {
+        for b in {
+            // Every backend, OpenSSL included (see backend::enable_openssl).
+            backend::enable_openssl();
+            backend::all()
+        } {
             if !b.supports_cbc() {
                 assert!(CbcHmac::new(b.clone(), &vec![0u8; composite_len]).is_err());
                 for _ in tests(group) {

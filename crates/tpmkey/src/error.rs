@@ -202,9 +202,19 @@ pub enum Error {
         error: std::io::Error,
     },
 
-    /// OpenSSL failures while converting public keys.
+    /// OpenSSL failures while converting public keys: OpenSSL's message,
+    /// made text where it happened (see the `From` below).
     #[error("crypto: {0}")]
-    Crypto(#[from] openssl::error::ErrorStack),
+    Crypto(String),
+}
+
+/// OpenSSL's error as text at once: the message is the same, and a program
+/// that only shows errors from other causes (the front `tpmcrypt`, which
+/// never calls OpenSSL) then links no OpenSSL code to format them.
+impl From<openssl::error::ErrorStack> for Error {
+    fn from(e: openssl::error::ErrorStack) -> Self {
+        Error::Crypto(e.to_string())
+    }
 }
 
 impl Error {

@@ -659,7 +659,7 @@ fn check_authorization(public: &Public, policy: &[PolicyCommand]) -> Result<()> 
 
 /// The SHA-256 policy digest the commands give, from the all-zero start.
 pub(crate) fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
-    use openssl::hash::{hash, MessageDigest};
+    use sha2::Digest as _;
     let mut digest = vec![0u8; 32];
     for p in policy {
         let mut data = digest.clone();
@@ -680,7 +680,7 @@ pub(crate) fn policy_digest(policy: &[PolicyCommand]) -> Result<Vec<u8>> {
             }
             other => return kf(format!("unsupported policy command 0x{other:x}")),
         }
-        digest = hash(MessageDigest::sha256(), &data)?.to_vec();
+        digest = sha2::Sha256::digest(&data).to_vec();
     }
     Ok(digest)
 }

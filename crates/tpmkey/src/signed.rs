@@ -19,7 +19,6 @@
 use openssl::bn::BigNum;
 use openssl::ec::{EcGroup, EcKey};
 use openssl::ecdsa::EcdsaSig;
-use openssl::hash::{hash, MessageDigest};
 use openssl::nid::Nid;
 use openssl::pkey::{PKey, Private};
 use tss_esapi::attributes::ObjectAttributesBuilder;
@@ -57,7 +56,8 @@ fn sig_err<T>(m: impl Into<String>) -> Result<T> {
 }
 
 fn sha256(data: &[u8]) -> Result<Vec<u8>> {
-    Ok(hash(MessageDigest::sha256(), data)?.to_vec())
+    use sha2::Digest as _;
+    Ok(sha2::Sha256::digest(data).to_vec())
 }
 
 /// The public half of a PCR signer, as the TPM sees it: an ECDSA-SHA256

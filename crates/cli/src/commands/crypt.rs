@@ -337,10 +337,22 @@ pub fn encrypt(args: &EncryptArgs, ui: &Ui) -> anyhow::Result<i32> {
             plaintext_from_stdin,
         },
     )?;
+    encrypt_to(args, ui, start, params, &recipients)
+}
+
+/// The rest of `encrypt` once the recipients are read (the front
+/// executable reads recovery recipients alone, see [`crate::front`]).
+pub(crate) fn encrypt_to(
+    args: &EncryptArgs,
+    ui: &Ui,
+    start: Instant,
+    params: tpmcrypt_cipher::Params,
+    recipients: &[Box<dyn tpmcrypt_cipher::recipient::Recipient>],
+) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Encrypt)?;
     let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
-        crate::commands::agent::encryptor(&recipients, params, !args.new_session)?;
+        crate::commands::agent::encryptor(recipients, params, !args.new_session)?;
     if let Some(b) = options::backend(args.files.backend, Some(&params))? {
         encryptor = encryptor.with_backend(b);
     }
@@ -387,15 +399,78 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         list: identities,
         access,
     } = options::identities(ui, &args.identities)?;
+    let cache = || {
+        crate::commands::agent::cache()
+            .map(|agent| Box::new(agent) as Box<dyn tpmcrypt_cipher::SessionCache>)
+    };
+    decrypt_with(
+        args,
+        ui,
+        start,
+        identities,
+        &cache,
+        &|_, _| Ok(()),
+        &Tpm(ui, &access),
+    )
+}
+
+/// What a decrypt reports of the TPM its keystore keys use.
+pub(crate) trait TpmUse {
+    /// Whether the run opened the TPM.
+    fn is_open(&self) -> bool;
+    /// The TPM opened, for `-v`.
+    fn describe(&self) -> String;
+    /// The signed policies the run's keys were used under.
+    fn signed_policies_used(&self) -> Vec<String>;
+    /// How many unbinds the TPM did.
+    fn unbind_count(&self) -> u64;
+    /// How long the run waited for the TPM.
+    fn busy(&self) -> Duration;
+}
+
+/// The keystore's TPM as [`TpmUse`].
+struct Tpm<'a>(&'a Ui, &'a tpmcrypt_tpmkey::identity::TpmAccess);
+
+impl TpmUse for Tpm<'_> {
+    fn is_open(&self) -> bool {
+        self.1.is_open()
+    }
+    fn describe(&self) -> String {
+        crate::tpm::describe(self.0, self.1)
+    }
+    fn signed_policies_used(&self) -> Vec<String> {
+        self.1.signed_policies_used()
+    }
+    fn unbind_count(&self) -> u64 {
+        self.1.unbind_count()
+    }
+    fn busy(&self) -> Duration {
+        self.1.busy()
+    }
+}
+
+/// The rest of `decrypt` once the identities are read (the front
+/// executable passes `-i` identities alone and no TPM, see
+/// [`crate::front`]).
+pub(crate) fn decrypt_with(
+    args: &DecryptArgs,
+    ui: &Ui,
+    start: Instant,
+    identities: Vec<Box<dyn tpmcrypt_cipher::recipient::Identity>>,
+    cache: &dyn Fn() -> Option<Box<dyn tpmcrypt_cipher::SessionCache>>,
+    check: &dyn Fn(&files::Plan, &Decryptor) -> anyhow::Result<()>,
+    access: &dyn TpmUse,
+) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Decrypt)?;
     let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
-    if let Some(agent) = crate::commands::agent::cache() {
-        decryptor = decryptor.with_session_cache(Box::new(agent));
+    if let Some(cache) = cache() {
+        decryptor = decryptor.with_session_cache(cache);
     }
     if let Some(b) = options::backend(args.files.backend, None)? {
         decryptor = decryptor.with_backend(b);
     }
+    check(&plan, &decryptor)?;
     let opts = run_options(&args.files, ui, false, Holds::Plaintext);
     report_skipped(&plan, ui);
     let setup = start.elapsed();
@@ -405,7 +480,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
     if ui.verbose && access.is_open() {
-        eprintln!("tpmcrypt: TPM {}", crate::tpm::describe(ui, &access));
+        eprintln!("tpmcrypt: TPM {}", access.describe());
     }
     if ui.verbose {
         for used in access.signed_policies_used() {

@@ -1,0 +1,280 @@
+//! The `tpmcrypt` executable: serves by itself the runs that need neither
+//! tpm2-tss nor OpenSSL, and hands every other run to `tpmcrypt-full`.
+//!
+//! Why: a script that runs one `tpmcrypt` per file pays, at every start,
+//! for loading the shared libraries the process links. tpm2-tss and
+//! libcrypto cost about 1 ms of CPU per start (`docs/bench.md`, "One
+//! process per file"), more than a whole small encryption. Nothing here
+//! calls into either, so the linker leaves them out of this executable
+//! (`--as-needed`); `tests/front.rs` checks that it does.
+//!
+//! Served here, through the very code `tpmcrypt-full` runs
+//! ([`crate::commands::crypt`]):
+//! * `encrypt` to recovery recipients given as strings (`-R
+//!   tpmcrypt-recovery:…`), in AES-GCM with 128- or 256-bit keys, any
+//!   inputs. Encrypting never needs the TPM;
+//! * `decrypt` of one named file whose session key the agent holds or a
+//!   `-i` identity opens, checked before anything is written.
+//!
+//! Everything else, and anything in doubt (a recipients file, `-k`, CBC,
+//! `--backend openssl`, a PIN file, a keystore or agent socket that would
+//! earn a warning, a file the agent and `-i` cannot open, a command-line
+//! error, `--help`), is handed over with `execve`: the same process, the
+//! same arguments, environment and descriptors, so `tpmcrypt-full` says
+//! and does exactly what it would have said and done if run directly.
+//! Nothing the front did before a hand-over is visible: it has written
+//! nothing, printed nothing and consumed no input.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tpmcrypt_cipher::format::Header;
+use tpmcrypt_cipher::recipient::{Identity, Recipient};
+use tpmcrypt_cipher::{recovery, Decryptor, Mode, SessionCache};
+use tpmcrypt_tpmkey::agent::session::AgentCache;
+use tpmcrypt_tpmkey::agent::{self, AgentClient};
+
+use crate::args::value::BackendArg;
+use crate::args::Command;
+use crate::commands::crypt::{self, DecryptArgs, EncryptArgs, TpmUse};
+use crate::files::{self, Source};
+use crate::ui::Ui;
+
+/// The file name of the executable that runs every command.
+pub const FULL: &str = "tpmcrypt-full";
+
+/// Where [`FULL`] is looked for, after the directory of this executable:
+/// `../libexec/tpmcrypt/` from it (`/usr/bin/tpmcrypt` →
+/// `/usr/libexec/tpmcrypt/tpmcrypt-full`, as the Debian package installs).
+const LIBEXEC: &str = "../libexec/tpmcrypt";
+
+/// The `tpmcrypt` executable's `main`.
+pub fn main() -> ! {
+    // Before anything may hold a key.
+    crate::harden::disable_core_dumps();
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(code) = serve(&argv) {
+        std::process::exit(code);
+    }
+    hand_over(&argv)
+}
+
+/// Why a run the front began must go to `tpmcrypt-full` after all.
+#[derive(Debug)]
+struct HandOver;
+
+impl std::fmt::Display for HandOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("this run needs tpmcrypt-full")
+    }
+}
+
+impl std::error::Error for HandOver {}
+
+/// Runs what the front serves and returns its exit code; `None` hands the
+/// run over.
+fn serve(argv: &[OsString]) -> Option<i32> {
+    // Any command-line error, --help or --version: said by tpmcrypt-full.
+    let (cli, tpm_from_env) = crate::parse(argv).ok()?;
+    let ui = crate::ui_of(&cli, tpm_from_env);
+    let result = match &cli.command {
+        Command::Encrypt(args) => encrypt(args, &ui)?,
+        Command::Decrypt(args) => decrypt(args, &ui)?,
+        _ => return None,
+    };
+    match result {
+        Err(e) if e.is::<HandOver>() => None,
+        result => Some(crate::code_of(result)),
+    }
+}
+
+/// Whether the front serves this `--backend` (OpenSSL is not loaded here).
+fn backend_served(arg: Option<BackendArg>) -> bool {
+    !matches!(arg, Some(BackendArg::Openssl))
+}
+
+/// `encrypt` to recovery recipient strings only, in GCM with a key size
+/// ring serves (the default backend's choice would be OpenSSL's for the
+/// others, and its speed is kept for them).
+fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
+    let start = Instant::now();
+    if !args.keys.is_empty() || args.recipients.is_empty() || !backend_served(args.files.backend) {
+        return None;
+    }
+    let params = crate::options::params(args.mode, args.bits, args.segment_size).ok()?;
+    if params.mode != Mode::Gcm || params.key_len == 24 {
+        return None;
+    }
+    let recipients = args
+        .recipients
+        .iter()
+        .map(|r| {
+            let s = r
+                .to_str()
+                .filter(|s| s.starts_with(recovery::RECIPIENT_PREFIX))?;
+            let r: Box<dyn Recipient> = Box::new(recovery::parse_recipient(s).ok()?);
+            Some(r)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(crypt::encrypt_to(args, ui, start, params, &recipients))
+}
+
+/// `decrypt` of one named file that the agent or a `-i` identity opens.
+fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
+    let start = Instant::now();
+    let single_file = matches!(args.files.inputs.as_slice(), [one] if one.as_os_str() != "-");
+    if !single_file || args.files.recursive || ui.pin_file.is_some() {
+        return None;
+    }
+    if !backend_served(args.files.backend) {
+        return None;
+    }
+    // tpmcrypt-full checks the TPM's name even when no key needs it.
+    crate::tpm::target(ui).ok()?;
+    keystore_is_quiet(ui)?;
+    let identities = args
+        .identities
+        .iter()
+        .map(|p| crate::keys::load_identity(p).ok())
+        .collect::<Option<Vec<Box<dyn Identity>>>>()?;
+    let agent = match AgentClient::checked(&agent::socket_path()) {
+        Ok(agent) => agent,
+        // tpmcrypt-full warns of it.
+        Err(_) => return None,
+    };
+    let failed = Arc::new(AtomicBool::new(false));
+    let agent = std::cell::Cell::new(agent);
+    let cache = || {
+        agent.take().map(|client| {
+            let failed = failed.clone();
+            Box::new(AgentCache::new(
+                client,
+                Box::new(move |_| failed.store(true, Ordering::Relaxed)),
+            )) as Box<dyn SessionCache>
+        })
+    };
+    let check = |plan: &files::Plan, decryptor: &Decryptor| -> anyhow::Result<()> {
+        let [task] = plan.tasks.as_slice() else {
+            return Err(HandOver.into());
+        };
+        let Source::File(path) = &task.source else {
+            return Err(HandOver.into());
+        };
+        let header = read_header(path).ok_or(HandOver)?;
+        // CBC and 192-bit keys: OpenSSL's speed, in tpmcrypt-full.
+        let params = &header.params;
+        if args.files.backend.is_none() && (params.mode != Mode::Gcm || params.key_len == 24) {
+            return Err(HandOver.into());
+        }
+        // Unwrapped now (by the agent or a -i identity, counted and offered
+        // to the agent as tpmcrypt-full does), and held for the run.
+        decryptor.session_key(&header).map_err(|_| HandOver)?;
+        if failed.load(Ordering::Relaxed) {
+            // A failed agent request earns a warning there.
+            return Err(HandOver.into());
+        }
+        Ok(())
+    };
+    Some(crypt::decrypt_with(
+        args, ui, start, identities, &cache, &check, &NoTpm,
+    ))
+}
+
+/// The header of the (binary or armored) tpmcrypt file at `path`.
+fn read_header(path: &Path) -> Option<Header> {
+    let file = std::fs::File::open(path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    if tpmcrypt_cipher::armor::file_starts_armor(&file).ok()? {
+        Header::read_from(&mut tpmcrypt_cipher::armor::ArmoredReader::new(&file)).ok()
+    } else {
+        Header::read_from(&mut &file).ok()
+    }
+}
+
+/// `Some` when reading the keystore would earn no warning in
+/// tpmcrypt-full (it reads every key, whichever one a file needs): no
+/// keystore, or a trusted one whose every key file loads.
+fn keystore_is_quiet(ui: &Ui) -> Option<()> {
+    let dir = match &ui.keystore {
+        Some(d) => d.clone(),
+        None => match tpmcrypt_tpmkey::Keystore::default_dir() {
+            Ok(d) => d,
+            Err(_) => return Some(()),
+        },
+    };
+    if !dir.is_dir() {
+        return Some(());
+    }
+    let store = tpmcrypt_tpmkey::Keystore::open(&dir).ok()?;
+    store.check_trusted().ok()?;
+    for name in store.list().ok()? {
+        let (blob, _) = store.load(&name).ok()?;
+        blob.alg().ok()?;
+    }
+    Some(())
+}
+
+/// A run the front serves uses no TPM.
+struct NoTpm;
+
+impl TpmUse for NoTpm {
+    fn is_open(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        String::new()
+    }
+    fn signed_policies_used(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn unbind_count(&self) -> u64 {
+        0
+    }
+    fn busy(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// `tpmcrypt-full`: beside this executable, else in
+/// `../libexec/tpmcrypt/` from it. Never looked up in `PATH`: a directory
+/// there may be another user's.
+fn full_path(argv0: Option<&OsString>) -> Option<PathBuf> {
+    // Without /proc, the name this executable was started by, if a path.
+    let exe = std::env::current_exe().ok().or_else(|| {
+        let path = PathBuf::from(argv0?);
+        path.components().nth(1).is_some().then_some(path)
+    })?;
+    let dir = exe.parent()?;
+    [dir.join(FULL), dir.join(LIBEXEC).join(FULL)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// Replaces this process with `tpmcrypt-full`, given the same arguments.
+fn hand_over(argv: &[OsString]) -> ! {
+    let Some(full) = full_path(argv.first()) else {
+        eprintln!(
+            "{} {FULL} is not installed beside tpmcrypt (nor in {LIBEXEC}/ from it): \
+             reinstall tpmcrypt",
+            crate::ui::colour::error()
+        );
+        std::process::exit(crate::ui::exit::OTHER);
+    };
+    let mut cmd = std::process::Command::new(&full);
+    if let Some(arg0) = argv.first() {
+        cmd.arg0(arg0);
+    }
+    let err = cmd.args(argv.iter().skip(1)).exec();
+    eprintln!(
+        "{} cannot run {}: {err}",
+        crate::ui::colour::error(),
+        crate::ui::printable(&full.display().to_string())
+    );
+    std::process::exit(crate::ui::exit::OTHER)
+}

@@ -1,0 +1,154 @@
+//! `tpmcrypt`: thin glue over the cipher and TPM libraries. Errors become
+//! one line on stderr and a documented exit code here, and only here.
+//!
+//! Two executables are built from this library:
+//! * `tpmcrypt-full` ([`main_full`]): every command; it alone loads
+//!   tpm2-tss and OpenSSL;
+//! * `tpmcrypt` ([`front::main`]): the one users run. It serves by itself
+//!   the runs that need neither library (one file encrypted to recovery
+//!   recipients, one file whose session key the agent or a `-i` identity
+//!   opens) and hands every other run, unchanged, to `tpmcrypt-full`
+//!   with `execve`: a one-process-per-file script does not pay for
+//!   loading libraries its runs do not use.
+
+mod args;
+mod atomic;
+mod batch;
+mod commands;
+mod dirscan;
+mod files;
+pub mod front;
+mod harden;
+mod keys;
+mod manpages;
+mod options;
+mod pin;
+mod plainpipe;
+mod replace;
+mod stamp;
+mod statsfile;
+mod tpm;
+mod ui;
+mod version;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::args::{Cli, Command};
+use crate::ui::{exit, stdout, Ui};
+
+/// The whole command line: every command (the `tpmcrypt-full` executable).
+pub fn main_full() -> ! {
+    // Before anything may hold a key.
+    harden::disable_core_dumps();
+    // This executable loads libcrypto anyway (tpm2-tss needs it), and
+    // OpenSSL is the fastest backend for CBC and 192-bit keys.
+    tpmcrypt_cipher::backend::enable_openssl();
+    // tpm2-tss logs its own errors to stderr; ours say it better, once.
+    if std::env::var_os("TSS2_LOG").is_none() {
+        std::env::set_var("TSS2_LOG", "all+NONE");
+    }
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = manpages::from_args(&argv) {
+        std::process::exit(code);
+    }
+    // The matches say where --tpm's value came from (flag or TPMCRYPT_TCTI).
+    let (cli, tpm_from_env) = match parse(&argv) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            // --help and --version arrive here too (on stdout, exit 0), and
+            // so does the help shown for a bare `tpmcrypt` or `tpmcrypt key`
+            // (exit 2): those are printed whole.
+            if !e.use_stderr() {
+                if let Err(err) = stdout::ensure_open() {
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+                    std::process::exit(exit::OTHER);
+                }
+                // Help that cannot be written (a full device) is an error.
+                let mut text = match ui::colour::stdout() {
+                    true => e.render().ansi().to_string(),
+                    false => e.render().to_string(),
+                };
+                if e.kind() == clap::error::ErrorKind::DisplayVersion && version::is_long(&text) {
+                    text = version::long();
+                }
+                if let Err(err) = stdout::write_all(text.as_bytes()) {
+                    if stdout::is_broken_pipe(&err) {
+                        stdout::end_by_sigpipe();
+                    }
+                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+                    std::process::exit(exit::OTHER);
+                }
+                std::process::exit(exit::OK);
+            }
+            if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+            } else {
+                eprintln!("{}", ui::colour::error_line(&args::usage_error_line(&e)));
+            }
+            std::process::exit(exit::USAGE);
+        }
+    };
+    let ui = ui_of(&cli, tpm_from_env);
+    let result = match &cli.command {
+        Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
+        Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Rekey(a) => commands::rekey::run(a, &ui),
+        Command::Watch(a) => commands::watch::run(a, &ui),
+        #[cfg(feature = "bench")]
+        Command::Bench(a) => commands::bench::run(a, &ui),
+        Command::Recovery(c) => commands::recovery::run(c),
+        Command::Key(c) => commands::key::run(c, &ui),
+        Command::PcrSigner(c) => commands::pcr::run_signer(c),
+        Command::Pcr(c) => commands::pcr::run(c, &ui),
+        Command::Agent(a) => commands::agent::run(a),
+        Command::Doctor(a) => commands::doctor::run(a, &ui),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "tpmcrypt", &mut script);
+            stdout::write_all(&script).map(|()| exit::OK)
+        }
+    };
+    std::process::exit(code_of(result));
+}
+
+/// The global flags as the commands see them.
+fn ui_of(cli: &Cli, tpm_from_env: bool) -> Ui {
+    Ui {
+        verbose: cli.verbose,
+        quiet: cli.quiet,
+        keystore: cli.keystore.clone(),
+        tpm: cli.tpm.clone().filter(|t| !t.trim().is_empty()),
+        tpm_from_env,
+        simulator: cli.simulator,
+        pin_file: cli.pin_file.clone(),
+    }
+}
+
+/// A command's result as the process's exit code; an error is one line on
+/// stderr first (a closed stdout ends the process as SIGPIPE would).
+fn code_of(result: anyhow::Result<i32>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
+        Err(err) => {
+            eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+            exit::code_for(&err)
+        }
+    }
+}
+
+/// The command line, parsed with clap's colour set by the one decision
+/// ([`ui::colour`]), and whether `--tpm`'s value came from `TPMCRYPT_TCTI`.
+fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
+    // Named `tpmcrypt` in usage and help whichever executable runs (the
+    // front hands runs to `tpmcrypt-full`) and whatever argv[0] is.
+    let mut cmd = Cli::command()
+        .color(ui::colour::clap_choice())
+        .bin_name("tpmcrypt");
+    let mut matches = cmd.try_get_matches_from_mut(argv)?;
+    let tpm_from_env = matches.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
+    Cli::from_arg_matches_mut(&mut matches)
+        .map(|cli| (cli, tpm_from_env))
+        .map_err(|e| e.format(&mut cmd))
+}

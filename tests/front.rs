@@ -1,0 +1,376 @@
+//! The two executables: `tpmcrypt`, the front users run, serves by itself
+//! the runs that need neither tpm2-tss nor OpenSSL and hands every other
+//! run to `tpmcrypt-full` with execve (crates/cli/src/front.rs). These
+//! tests check what that split promises:
+//! * the front does not load the libraries (the whole point: about half
+//!   of a small run's time, `scripts/bench-process`);
+//! * the runs it serves start no other program, and the ones it hands
+//!   over start `tpmcrypt-full` once, with the same arguments;
+//! * a run handed over says and does exactly what `tpmcrypt-full` run
+//!   directly says and does, and one served says what it would have said;
+//! * `tpmcrypt-full` is found beside the front or in `../libexec/tpmcrypt/`,
+//!   never in PATH, and its absence is one error line.
+//!
+//! A missing swtpm, strace or ldd makes the tests FAIL, never skip.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_ok, bytes, recovery, run, tpmcrypt, Run};
+
+fn scratch() -> tempfile::TempDir {
+    common::scratch("tpmcrypt-front-")
+}
+
+/// `tpmcrypt-full`, built beside the front.
+fn full() -> PathBuf {
+    common::bin().with_file_name("tpmcrypt-full")
+}
+
+/// Runs `tpmcrypt-full ARGS` in `dir` with the environment of [`tpmcrypt`].
+fn run_full(dir: &Path, args: &[&str]) -> Run {
+    let mut cmd = common::wrapper(dir, full().to_str().expect("utf-8 path"));
+    cmd.args(args).output().expect("spawn tpmcrypt-full").into()
+}
+
+/// The shared libraries `binary` loads, as `ldd` names them.
+fn libraries(binary: &Path) -> Vec<String> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ldd: {e}"));
+    assert!(out.status.success(), "ldd {}", binary.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// The programs a run of `args` in `dir` executed (strace -f), in order,
+/// each with its argv; and the run itself.
+fn executed(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (Vec<String>, Run) {
+    let log = dir.join(format!(".execve-{}.log", std::process::id()));
+    let mut cmd = common::wrapper(dir, "strace");
+    cmd.args([
+        "-f",
+        "-qq",
+        "-s",
+        "256",
+        "-e",
+        "trace=execve",
+        "-e",
+        "signal=none",
+        "-o",
+    ])
+    .arg(&log)
+    .arg(common::bin())
+    .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let r: Run = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run strace: {e}"))
+        .into();
+    let text = fs::read_to_string(&log).expect("strace log");
+    fs::remove_file(&log).expect("remove strace log");
+    let calls = text
+        .lines()
+        .filter(|l| l.contains("execve(") && !l.contains("ENOENT"))
+        // The program and its argv (not the environment's address).
+        .map(|l| {
+            let call = l.split_once("execve(").map_or(l, |(_, rest)| rest);
+            call.split_once("], ")
+                .map_or(call, |(argv, _)| argv)
+                .to_string()
+        })
+        .collect();
+    (calls, r)
+}
+
+const LIBRARIES_OF_FULL: [&str; 4] = ["libcrypto", "libssl", "libtss2-esys", "libtss2-tctildr"];
+
+/// The front loads neither OpenSSL nor tpm2-tss's ESYS; tpmcrypt-full
+/// does (so this test can tell them apart).
+#[test]
+fn the_front_loads_neither_openssl_nor_tpm2_tss() {
+    let front = libraries(&common::bin());
+    for lib in LIBRARIES_OF_FULL {
+        assert!(
+            !front.iter().any(|l| l.starts_with(lib)),
+            "tpmcrypt loads {lib}: {front:?}"
+        );
+    }
+    let full = libraries(&full());
+    for lib in ["libcrypto", "libtss2-esys"] {
+        assert!(
+            full.iter().any(|l| l.starts_with(lib)),
+            "tpmcrypt-full does not load {lib}: {full:?}"
+        );
+    }
+}
+
+/// Encrypting to a recovery recipient and decrypting with its identity
+/// run in the front alone; a command it does not serve starts
+/// tpmcrypt-full once, with the front's own argv[0] and arguments.
+#[test]
+fn served_runs_start_nothing_and_others_start_tpmcrypt_full_once() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(20_000, 1)).unwrap();
+
+    let (calls, run) = executed(d, &[], &["encrypt", "--no-sync", "-R", &r, "f"]);
+    assert_ok(&run, "encrypt -R");
+    assert_eq!(calls.len(), 1, "encrypt -R executed: {calls:?}");
+    let (calls, run) = executed(d, &[], &["decrypt", "-i", "id", "-o", "g", "f.tpmc"]);
+    assert_ok(&run, "decrypt -i");
+    assert_eq!(calls.len(), 1, "decrypt -i executed: {calls:?}");
+    assert_eq!(fs::read(d.join("g")).unwrap(), bytes(20_000, 1));
+
+    for args in [
+        &["--version"][..],
+        &["key", "list"],
+        &["encrypt", "--mode", "cbc", "-R", &r, "-o", "c", "f"],
+        &["decrypt", "-i", "id", "-o", "h", "-", "f.tpmc"],
+        &["encrypt"],
+    ] {
+        let (calls, _) = executed(d, &[], args);
+        assert_eq!(calls.len(), 2, "{args:?} executed: {calls:?}");
+        let front = format!("{:?}", common::bin().display().to_string());
+        let full = format!("{:?}", full().display().to_string());
+        assert!(calls[0].starts_with(&front), "{calls:?}");
+        // The same argv, argv[0] included: only the program differs.
+        assert_eq!(calls[1].replacen(&full, &front, 1), calls[0], "{args:?}");
+    }
+}
+
+/// Runs handed over, and runs the front serves or begins, say exactly what
+/// tpmcrypt-full says: the same exit code, stdout and stderr, and the same
+/// files afterwards.
+#[test]
+fn every_run_says_what_tpmcrypt_full_says() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    let other = recovery(d, "other");
+    fs::write(d.join("f"), bytes(5_000, 2)).unwrap();
+    fs::write(d.join("notes.txt"), "not a tpmcrypt file\n").unwrap();
+    fs::write(d.join("list"), format!("# recipients\n{r}\n")).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
+        "encrypt",
+    );
+    assert_ok(
+        &run(d, &["encrypt", "-a", "-R", &r, "-o", "f.asc", "f"]),
+        "armor",
+    );
+    assert_ok(
+        &run(d, &["encrypt", "-R", &other, "-o", "o.tpmc", "f"]),
+        "other",
+    );
+    let cases: Vec<Vec<&str>> = vec![
+        // Served, or begun and then handed over, by the front.
+        vec!["decrypt", "-i", "id", "-o", "OUT", "f.tpmc"],
+        vec!["decrypt", "-i", "id", "-o", "OUT", "f.asc"],
+        vec!["decrypt", "-i", "id", "-o", "OUT", "o.tpmc"],
+        vec!["decrypt", "-i", "id", "-o", "OUT", "notes.txt"],
+        vec!["decrypt", "-i", "id", "-o", "OUT", "absent"],
+        vec!["decrypt", "-i", "id", "-o", "f", "f.tpmc"],
+        vec!["decrypt", "-i", "absent-id", "-o", "OUT", "f.tpmc"],
+        vec!["decrypt", "-o", "OUT", "f.tpmc"],
+        vec![
+            "-v",
+            "decrypt",
+            "--no-sync",
+            "-i",
+            "id",
+            "-o",
+            "OUT",
+            "f.tpmc",
+        ],
+        vec!["encrypt", "-R", &r, "-o", "OUT", "f"],
+        vec!["encrypt", "-R", "tpmcrypt-recovery:AAAA", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", &r, "-o", "OUT", "absent"],
+        vec!["encrypt", "-R", &r, "-o", "f.tpmc", "f"],
+        vec![
+            "encrypt",
+            "--backend",
+            "openssl",
+            "-R",
+            &r,
+            "-o",
+            "OUT",
+            "f",
+        ],
+        vec!["encrypt", "--bits", "192", "-R", &r, "-o", "OUT", "f"],
+        // Handed over at once.
+        vec!["encrypt", "-R", "list", "-o", "OUT", "f"],
+        vec!["encrypt", "-o", "OUT", "f"],
+        vec!["encrypt", "--no-such-flag"],
+        vec!["decrypt", "--help"],
+        vec!["--version"],
+        vec!["key", "list"],
+        vec![],
+    ];
+    for case in &cases {
+        let a = run(d, case);
+        let a_out = fs::read(d.join("OUT")).ok();
+        let _ = fs::remove_file(d.join("OUT"));
+        let b = run_full(d, case);
+        let b_out = fs::read(d.join("OUT")).ok();
+        let _ = fs::remove_file(d.join("OUT"));
+        assert_eq!(a.code, b.code, "{case:?}: exit codes ({})", a.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&a.stdout),
+            String::from_utf8_lossy(&b.stdout),
+            "{case:?}: stdout"
+        );
+        // -v reports times, which differ from run to run.
+        let words = |s: &str| -> Vec<String> {
+            s.split_whitespace()
+                .filter(|w| !w.chars().any(|c| c.is_ascii_digit()))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(words(&a.stderr), words(&b.stderr), "{case:?}: stderr");
+        assert_eq!(a_out.is_some(), b_out.is_some(), "{case:?}: an output");
+        if case.first() == Some(&"decrypt") {
+            assert_eq!(a_out, b_out, "{case:?}: the plaintext");
+        }
+    }
+    assert_eq!(fs::read(d.join("f")).unwrap(), bytes(5_000, 2), "f kept");
+}
+
+/// Without tpmcrypt-full the front still serves what it serves, and a run
+/// it would hand over is one error line naming what is missing.
+#[test]
+fn without_tpmcrypt_full_a_handed_over_run_is_one_error_line() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    let alone = d.join("alone");
+    fs::create_dir(&alone).unwrap();
+    fs::copy(common::bin(), alone.join("tpmcrypt")).unwrap();
+    fs::write(d.join("f"), bytes(3_000, 3)).unwrap();
+    let lone = |args: &[&str]| -> Run {
+        let mut cmd = common::wrapper(d, alone.join("tpmcrypt").to_str().unwrap());
+        cmd.args(args).output().expect("spawn").into()
+    };
+    assert_ok(
+        &lone(&["encrypt", "-R", &r, "f"]),
+        "encrypt -R without tpmcrypt-full",
+    );
+    let x = lone(&["key", "list"]);
+    common::assert_error_line(&x, 1, None, &["tpmcrypt-full", "not installed"], "key list");
+    // Not looked up in PATH, even where one is.
+    let mut cmd = common::wrapper(d, alone.join("tpmcrypt").to_str().unwrap());
+    let path = full().parent().unwrap().display().to_string();
+    let x: Run = cmd
+        .env("PATH", format!("{path}:/usr/bin:/bin"))
+        .arg("--version")
+        .output()
+        .expect("spawn")
+        .into();
+    common::assert_error_line(&x, 1, None, &["tpmcrypt-full"], "--version, full in PATH");
+}
+
+/// Installed as the Debian package lays it out: bin/tpmcrypt and
+/// libexec/tpmcrypt/tpmcrypt-full.
+#[test]
+fn tpmcrypt_full_is_found_in_libexec() {
+    let dir = scratch();
+    let d = dir.path();
+    fs::create_dir_all(d.join("usr/bin")).unwrap();
+    fs::create_dir_all(d.join("usr/libexec/tpmcrypt")).unwrap();
+    fs::copy(common::bin(), d.join("usr/bin/tpmcrypt")).unwrap();
+    fs::copy(full(), d.join("usr/libexec/tpmcrypt/tpmcrypt-full")).unwrap();
+    let mut cmd = common::wrapper(d, d.join("usr/bin/tpmcrypt").to_str().unwrap());
+    let r: Run = cmd.arg("--version").output().expect("spawn").into();
+    assert_ok(&r, "--version");
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("tpm2-tss"),
+        "{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+}
+
+/// A TPM-key file whose session key the agent holds is decrypted by the
+/// front alone, with no TPM command; without the agent the run is handed
+/// over and costs one unbind.
+#[test]
+fn the_agent_serves_a_tpm_key_file_in_the_front() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = common::swtpm(d, "swtpm");
+    let tcti = sim.tcti();
+    let tc = |args: &[&str]| -> Run {
+        let mut cmd = tpmcrypt(d);
+        cmd.arg("--tpm").arg(&tcti).args(args);
+        cmd.output().expect("spawn").into()
+    };
+    assert_ok(
+        &tc(&["key", "create", "--alg", "ecc-p256", "k"]),
+        "key create",
+    );
+    fs::write(d.join("f"), bytes(40_000, 4)).unwrap();
+    assert_ok(
+        &tc(&["encrypt", "--key", "k", "-o", "f.tpmc", "f"]),
+        "encrypt",
+    );
+
+    // No agent: handed over, one unbind.
+    let env = [("TPMCRYPT_TCTI", tcti.as_str())];
+    let (calls, r) = executed(d, &env, &["-v", "decrypt", "-o", "g1", "f.tpmc"]);
+    assert_ok(&r, "decrypt without agent");
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(r.stderr.contains(" 1 TPM unbind(s)"), "{}", r.stderr);
+
+    let mut agent = Agent::start(d);
+    // The first decrypt unbinds and hands the key to the agent.
+    assert_ok(&tc(&["decrypt", "-o", "g2", "f.tpmc"]), "first decrypt");
+    let (calls, r) = executed(d, &env, &["-v", "decrypt", "-o", "g3", "f.tpmc"]);
+    assert_ok(&r, "decrypt, the agent holding the key");
+    assert_eq!(calls.len(), 1, "served by the front: {calls:?}");
+    assert!(r.stderr.contains(" 0 TPM unbind(s)"), "{}", r.stderr);
+    for out in ["g1", "g2", "g3"] {
+        assert_eq!(fs::read(d.join(out)).unwrap(), bytes(40_000, 4), "{out}");
+    }
+    agent.stop();
+}
+
+/// `tpmcrypt agent` in the test's directory, stopped when dropped.
+struct Agent(Child);
+
+impl Agent {
+    fn start(dir: &Path) -> Agent {
+        let child = tpmcrypt(dir)
+            .args(["agent", "--ttl", "5m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tpmcrypt agent");
+        let sock = dir.join(".tpmcrypt-agent.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            assert!(Instant::now() < deadline, "agent socket never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Agent(child)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
