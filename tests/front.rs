@@ -244,6 +244,18 @@ fn every_run_says_what_tpmcrypt_full_says() {
         }
     }
     assert_eq!(fs::read(d.join("f")).unwrap(), bytes(5_000, 2), "f kept");
+
+    // A standard output closed at start is closed for tpmcrypt-full too.
+    for args in ["completions bash", "--version", "decrypt -i id -o - f.tpmc"] {
+        let out = common::wrapper(d, "sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" {args} >&-"))
+            .arg(common::bin())
+            .output()
+            .expect("sh");
+        let r: Run = out.into();
+        common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
+    }
 }
 
 /// Without tpmcrypt-full the front still serves what it serves, and a run
@@ -317,11 +329,33 @@ fn the_agent_serves_a_tpm_key_file_in_the_front() {
         &tc(&["key", "create", "--alg", "ecc-p256", "k"]),
         "key create",
     );
-    fs::write(d.join("f"), bytes(40_000, 4)).unwrap();
     assert_ok(
-        &tc(&["encrypt", "--key", "k", "-o", "f.tpmc", "f"]),
-        "encrypt",
+        &tc(&["key", "create", "--alg", "rsa2048", "r"]),
+        "key create rsa",
     );
+    fs::write(d.join("f"), bytes(40_000, 4)).unwrap();
+    // Encrypting to a P-256 key is served; to an RSA key, handed over.
+    let (calls, r) = executed(d, &[], &["encrypt", "--key", "k", "-o", "f.tpmc", "f"]);
+    assert_ok(&r, "encrypt --key k");
+    assert_eq!(calls.len(), 1, "encrypt --key k: {calls:?}");
+    let (calls, r) = executed(d, &[], &["encrypt", "--key", "r", "-o", "r.tpmc", "f"]);
+    assert_ok(&r, "encrypt --key r");
+    assert_eq!(calls.len(), 2, "encrypt --key r: {calls:?}");
+    // A public key file that is not the key's: refused as tpmcrypt-full
+    // refuses it.
+    let home = d.join(".tpmcrypt-home");
+    let pubs = [home.join("k.pub.pem"), home.join("r.pub.pem")];
+    let saved = fs::read(&pubs[0]).unwrap();
+    fs::copy(&pubs[1], &pubs[0]).unwrap();
+    let a = run(d, &["encrypt", "--key", "k", "-o", "x.tpmc", "f"]);
+    let b = run_full(d, &["encrypt", "--key", "k", "-o", "x.tpmc", "f"]);
+    assert_eq!(
+        (a.code, &a.stderr),
+        (b.code, &b.stderr),
+        "a foreign k.pub.pem"
+    );
+    assert_ne!(a.code, 0, "{}", a.stderr);
+    fs::write(&pubs[0], saved).unwrap();
 
     // No agent: handed over, one unbind.
     let env = [("TPMCRYPT_TCTI", tcti.as_str())];

@@ -11,12 +11,13 @@
 //! Served here, through the very code `tpmcrypt-full` runs
 //! ([`crate::commands::crypt`]):
 //! * `encrypt` to recovery recipients given as strings (`-R
-//!   tpmcrypt-recovery:…`), in AES-GCM with 128- or 256-bit keys, any
-//!   inputs. Encrypting never needs the TPM;
+//!   tpmcrypt-recovery:…`) and to the keystore's P-256 keys (`-k`), in
+//!   AES-GCM with 128- or 256-bit keys, any inputs. Encrypting never needs
+//!   the TPM;
 //! * `decrypt` of one named file whose session key the agent holds or a
 //!   `-i` identity opens, checked before anything is written.
 //!
-//! Everything else, and anything in doubt (a recipients file, `-k`, CBC,
+//! Everything else, and anything in doubt (a recipients file, an RSA key, CBC,
 //! `--backend openssl`, a PIN file, a keystore or agent socket that would
 //! earn a warning, a file the agent and `-i` cannot open, a command-line
 //! error, `--help`), is handed over with `execve`: the same process, the
@@ -97,12 +98,13 @@ fn backend_served(arg: Option<BackendArg>) -> bool {
     !matches!(arg, Some(BackendArg::Openssl))
 }
 
-/// `encrypt` to recovery recipient strings only, in GCM with a key size
+/// `encrypt` to recovery recipient strings and P-256 keystore keys, in GCM
+/// with a key size
 /// ring serves (the default backend's choice would be OpenSSL's for the
 /// others, and its speed is kept for them).
 fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     let start = Instant::now();
-    if !args.keys.is_empty() || args.recipients.is_empty() || !backend_served(args.files.backend) {
+    if !backend_served(args.files.backend) {
         return None;
     }
     let params = crate::options::params(args.mode, args.bits, args.segment_size).ok()?;
@@ -120,7 +122,23 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
             Some(r)
         })
         .collect::<Option<Vec<_>>>()?;
+    let mut recipients = recipients;
+    for name in &args.keys {
+        recipients.extend(key_recipients(ui, name)?);
+    }
     Some(crypt::encrypt_to(args, ui, start, params, &recipients))
+}
+
+/// The recipients of keystore key `name` (`-k`), if it is a P-256 key
+/// whose recipients need no OpenSSL to read (as
+/// [`crate::keys::key_recipients`] would give them).
+fn key_recipients(ui: &Ui, name: &str) -> Option<Vec<Box<dyn Recipient>>> {
+    let store = crate::keys::keystore(ui).ok()?;
+    tpmcrypt_tpmkey::keystore::validate_name(name).ok()?;
+    if !store.exists(name) {
+        return None;
+    }
+    tpmcrypt_tpmkey::identity::p256_key_recipients(&store, name).ok()?
 }
 
 /// `decrypt` of one named file that the agent or a `-i` identity opens.
@@ -135,12 +153,16 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     }
     // tpmcrypt-full checks the TPM's name even when no key needs it.
     crate::tpm::target(ui).ok()?;
-    keystore_is_quiet(ui)?;
+    let keys = keystore_keys(ui)?;
     let identities = args
         .identities
         .iter()
         .map(|p| crate::keys::load_identity(p).ok())
         .collect::<Option<Vec<Box<dyn Identity>>>>()?;
+    if identities.is_empty() && keys == 0 {
+        // "No identity" is tpmcrypt-full's usage error, before any other.
+        return None;
+    }
     let agent = match AgentClient::checked(&agent::socket_path()) {
         Ok(agent) => agent,
         // tpmcrypt-full warns of it.
@@ -186,7 +208,18 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
 
 /// The header of the (binary or armored) tpmcrypt file at `path`.
 fn read_header(path: &Path) -> Option<Header> {
-    let file = std::fs::File::open(path).ok()?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Only a regular file: a FIFO's writer must meet tpmcrypt-full's open,
+    // not this one (which would take its data, or end its writes with
+    // EPIPE). Without blocking, should one be swapped in since.
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
     }
@@ -197,27 +230,31 @@ fn read_header(path: &Path) -> Option<Header> {
     }
 }
 
-/// `Some` when reading the keystore would earn no warning in
-/// tpmcrypt-full (it reads every key, whichever one a file needs): no
-/// keystore, or a trusted one whose every key file loads.
-fn keystore_is_quiet(ui: &Ui) -> Option<()> {
+/// How many keys the keystore holds, when reading it would earn no warning
+/// in tpmcrypt-full (it reads every key, whichever one a file needs): no
+/// keystore (0), or a trusted one whose every key file loads; else `None`.
+fn keystore_keys(ui: &Ui) -> Option<usize> {
     let dir = match &ui.keystore {
         Some(d) => d.clone(),
         None => match tpmcrypt_tpmkey::Keystore::default_dir() {
             Ok(d) => d,
-            Err(_) => return Some(()),
+            Err(_) => return Some(0),
         },
     };
     if !dir.is_dir() {
-        return Some(());
+        return Some(0);
     }
     let store = tpmcrypt_tpmkey::Keystore::open(&dir).ok()?;
     store.check_trusted().ok()?;
-    for name in store.list().ok()? {
-        let (blob, _) = store.load(&name).ok()?;
-        blob.alg().ok()?;
+    let names = store.list().ok()?;
+    for name in &names {
+        // What identity() reads of each key without a TPM.
+        let (blob, _) = store.load(name).ok()?;
+        if blob.alg().ok()? == tpmcrypt_tpmkey::KeyAlg::EccP256 {
+            blob.ecc_public_point().ok()?;
+        }
     }
-    Some(())
+    Some(names.len())
 }
 
 /// A run the front serves uses no TPM.
@@ -266,6 +303,13 @@ fn hand_over(argv: &[OsString]) -> ! {
         );
         std::process::exit(crate::ui::exit::OTHER);
     };
+    if crate::ui::stdout::closed_at_start() {
+        // Closed again, as it was given: tpmcrypt-full tells a closed
+        // standard output from /dev/null only at its own start.
+        // SAFETY: descriptor 1 is the read-only /dev/null put there at
+        // start (ui::stdout); nothing in this process uses it.
+        unsafe { libc::close(1) };
+    }
     let mut cmd = std::process::Command::new(&full);
     if let Some(arg0) = argv.first() {
         cmd.arg0(arg0);

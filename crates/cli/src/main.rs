@@ -1,5 +1,5 @@
-//! `tpmcrypt`: see [`tpmcrypt_cli::front`].
+//! `tpmcrypt`: see [`tpmcrypt::front`].
 
 fn main() {
-    tpmcrypt_cli::front::main()
+    tpmcrypt::front::main()
 }

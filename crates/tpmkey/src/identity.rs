@@ -496,6 +496,50 @@ pub fn keystore_identities(
     Ok(out)
 }
 
+/// [`key_recipients`] without OpenSSL, for a P-256 key: the same
+/// recipients, or `Ok(None)` where only [`key_recipients`] can decide (an
+/// RSA key; a `NAME.pub.pem` that is not byte for byte the DER of the key
+/// file's public half, which that refuses or accepts). The front
+/// `tpmcrypt` encrypts with it, and hands the run over on `None` or an
+/// error.
+pub fn p256_key_recipients(
+    store: &Keystore,
+    name: &str,
+) -> Result<Option<Vec<Box<dyn Recipient>>>> {
+    use p256::pkcs8::EncodePublicKey as _;
+    let (blob, meta) = store.load(name)?;
+    if blob.alg()? != KeyAlg::EccP256 {
+        return Ok(None);
+    }
+    let point = blob.ecc_public_point()?;
+    let public = p256::PublicKey::from_sec1_bytes(&point)
+        .map_err(|_| Error::KeyFile(format!("key {name}: not a P-256 point")))?;
+    let der = public
+        .to_public_key_der()
+        .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?;
+    match crate::trust::read_private_file(&store.pub_path(name), "the public key file") {
+        Ok(pem) => {
+            let same = pem_rfc7468::decode_vec(&pem)
+                .is_ok_and(|(label, theirs)| label == "PUBLIC KEY" && theirs == der.as_bytes());
+            if !same {
+                return Ok(None);
+            }
+        }
+        Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut recipients: Vec<Box<dyn Recipient>> = vec![Box::new(
+        recipient::p256::P256Recipient::new(recipient::kind::TPM_P256, public)
+            .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?,
+    )];
+    for r in &meta.recovery {
+        recipients.push(Box::new(recovery::parse_recipient(r).map_err(|e| {
+            Error::InvalidRecipient(format!("key {name}: recovery recipient: {e}"))
+        })?));
+    }
+    Ok(Some(recipients))
+}
+
 /// The recipients a file encrypted to keystore key `name` gets: the key's
 /// public half, taken from its key file (no TPM needed) and checked
 /// against `NAME.pub.pem` by the keystore, and any recovery recipients

@@ -27,7 +27,7 @@
 //! `pcrDigest || TPML_PCR_SELECTION`, then TPM2_PolicyAuthValue with empty
 //! parameters.
 
-use openssl::bn::{BigNum, BigNumContext};
+use openssl::bn::BigNum;
 use openssl::ec::{EcGroup, EcKey};
 use openssl::nid::Nid;
 use openssl::pkey::{PKey, Public as PkPublic};
@@ -551,18 +551,31 @@ impl KeyBlob {
         }
     }
 
-    /// For ECC keys: the uncompressed SEC1 public point (65 bytes).
+    /// For ECC keys: the uncompressed SEC1 public point (65 bytes), checked
+    /// to be on NIST P-256. Read from the public area without OpenSSL (the
+    /// front `tpmcrypt` encrypts to it; see [`crate::identity::p256_key_recipients`]).
     pub fn ecc_public_point(&self) -> Result<Vec<u8>> {
-        let pkey = self.public_pkey()?;
-        let ec = pkey
-            .ec_key()
-            .map_err(|_| Error::InvalidInput("not an ECC key".into()))?;
-        let mut ctx = BigNumContext::new()?;
-        Ok(ec.public_key().to_bytes(
-            ec.group(),
-            openssl::ec::PointConversionForm::UNCOMPRESSED,
-            &mut ctx,
-        )?)
+        let Public::Ecc {
+            parameters, unique, ..
+        } = self.public_area()?
+        else {
+            return Err(Error::InvalidInput("not an ECC key".into()));
+        };
+        if parameters.ecc_curve() != EccCurve::NistP256 {
+            return kf("only NIST P-256 ECC keys are supported");
+        }
+        let mut point = vec![0x04];
+        for coordinate in [unique.x().value(), unique.y().value()] {
+            // Big-endian, possibly without its leading zero bytes.
+            let Some(pad) = 32usize.checked_sub(coordinate.len()) else {
+                return kf("an ECC coordinate longer than 32 bytes");
+            };
+            point.extend(std::iter::repeat(0).take(pad));
+            point.extend_from_slice(coordinate);
+        }
+        p256::PublicKey::from_sec1_bytes(&point)
+            .map_err(|_| Error::KeyFile("the ECC public point is not on NIST P-256".into()))?;
+        Ok(point)
     }
 }
 

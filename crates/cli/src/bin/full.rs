@@ -1,5 +1,5 @@
-//! `tpmcrypt-full`: every command (see [`tpmcrypt_cli::main_full`]).
+//! `tpmcrypt-full`: every command (see [`tpmcrypt::main_full`]).
 
 fn main() {
-    tpmcrypt_cli::main_full()
+    tpmcrypt::main_full()
 }

@@ -126,6 +126,20 @@ pub struct BenchArgs {
     pub child: Option<String>,
 }
 
+/// The `tpmcrypt` executable users run (the front, `crate::front`), for
+/// the runs the bench times through the command line: beside this one
+/// (`cargo install`, a build tree) or `../../bin/tpmcrypt` from
+/// `/usr/libexec/tpmcrypt/`; else this executable itself.
+fn user_executable() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let front = exe.parent().map(|dir| {
+        [dir.join("tpmcrypt"), dir.join("../../bin/tpmcrypt")]
+            .into_iter()
+            .find(|p| p.is_file())
+    });
+    Ok(front.flatten().unwrap_or(exe))
+}
+
 fn chip_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(CHIPS.iter().map(|c| c.name))
 }

@@ -105,10 +105,10 @@ fn exe(n: &str) -> Result<PathBuf, String> {
     which(n).ok_or_else(|| format!("{n} not found in PATH"))
 }
 
-/// This binary, to a fresh recovery recipient.
+/// The tpmcrypt users run (the front), to a fresh recovery recipient.
 fn setup_tpmcrypt(dir: &Path) -> Result<Tool, String> {
     let name = "tpmcrypt";
-    let bin = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin = super::user_executable().map_err(|e| e.to_string())?;
     let key = dir.join("recovery.key");
     let out = run_ok(
         Command::new(&bin)

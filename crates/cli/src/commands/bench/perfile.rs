@@ -104,7 +104,7 @@ struct Setup {
 
 impl Setup {
     fn new(dir: &Path) -> anyhow::Result<Setup> {
-        let exe = std::env::current_exe().context("locating this executable")?;
+        let exe = super::user_executable().context("locating the tpmcrypt executable")?;
         let dir = dir.join("perfile");
         std::fs::create_dir_all(dir.join("keystore"))?;
         let mut s = Setup {
