@@ -92,6 +92,18 @@ fn executed(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> (Vec<String>, Ru
     (calls, r)
 }
 
+/// Copies an executable with `cp`: a descriptor open for writing in this
+/// process would be inherited by the other tests' children forked
+/// meanwhile, and running the copy would fail with ETXTBSY.
+fn copy_executable(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("spawn cp");
+    assert!(status.success(), "cp {} {}", from.display(), to.display());
+}
+
 const LIBRARIES_OF_FULL: [&str; 4] = ["libcrypto", "libssl", "libtss2-esys", "libtss2-tctildr"];
 
 /// The front loads neither OpenSSL nor tpm2-tss's ESYS; tpmcrypt-full
@@ -267,7 +279,7 @@ fn without_tpmcrypt_full_a_handed_over_run_is_one_error_line() {
     let r = recovery(d, "id");
     let alone = d.join("alone");
     fs::create_dir(&alone).unwrap();
-    fs::copy(common::bin(), alone.join("tpmcrypt")).unwrap();
+    copy_executable(&common::bin(), &alone.join("tpmcrypt"));
     fs::write(d.join("f"), bytes(3_000, 3)).unwrap();
     let lone = |args: &[&str]| -> Run {
         let mut cmd = common::wrapper(d, alone.join("tpmcrypt").to_str().unwrap());
@@ -299,8 +311,8 @@ fn tpmcrypt_full_is_found_in_libexec() {
     let d = dir.path();
     fs::create_dir_all(d.join("usr/bin")).unwrap();
     fs::create_dir_all(d.join("usr/libexec/tpmcrypt")).unwrap();
-    fs::copy(common::bin(), d.join("usr/bin/tpmcrypt")).unwrap();
-    fs::copy(full(), d.join("usr/libexec/tpmcrypt/tpmcrypt-full")).unwrap();
+    copy_executable(&common::bin(), &d.join("usr/bin/tpmcrypt"));
+    copy_executable(&full(), &d.join("usr/libexec/tpmcrypt/tpmcrypt-full"));
     let mut cmd = common::wrapper(d, d.join("usr/bin/tpmcrypt").to_str().unwrap());
     let r: Run = cmd.arg("--version").output().expect("spawn").into();
     assert_ok(&r, "--version");
