@@ -420,3 +420,208 @@ impl Drop for Agent {
         self.stop();
     }
 }
+
+// ------------------------------------- found by attacking the front
+
+/// A `-i` identity on a pipe is tpmcrypt-full's to read: the front
+/// neither reads it nor consumes standard input (the run needs the TPM).
+#[test]
+fn an_identity_on_a_pipe_is_left_for_tpmcrypt_full() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = common::swtpm(d, "swtpm");
+    let tcti = sim.tcti();
+    recovery(d, "id");
+    let tc = |args: &[&str]| -> Run {
+        let mut cmd = tpmcrypt(d);
+        cmd.env("TPMCRYPT_TCTI", &tcti).args(args);
+        cmd.output().expect("spawn").into()
+    };
+    assert_ok(
+        &tc(&["key", "create", "--alg", "ecc-p256", "k"]),
+        "key create",
+    );
+    fs::write(d.join("f"), bytes(7_000, 5)).unwrap();
+    assert_ok(
+        &tc(&["encrypt", "--key", "k", "-o", "t.tpmc", "f"]),
+        "encrypt",
+    );
+    // A recovery identity that does not open t.tpmc, on standard input.
+    let identity = fs::read(d.join("id")).unwrap();
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &tcti)
+        .args(["decrypt", "-i", "/dev/stdin", "-o", "g", "t.tpmc"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(&identity).expect("write identity");
+    }
+    let r: Run = child.wait_with_output().expect("wait").into();
+    assert_ok(&r, "decrypt -i /dev/stdin of a TPM-key file");
+    assert_eq!(fs::read(d.join("g")).unwrap(), bytes(7_000, 5));
+}
+
+/// A PIN source tpmcrypt-full refuses (a credential others can read) is
+/// refused whoever serves the run, even one a `-i` identity opens.
+#[test]
+fn a_pin_source_tpmcrypt_full_refuses_is_refused() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(1_000, 6)).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
+        "encrypt",
+    );
+    fs::create_dir(d.join("creds")).unwrap();
+    fs::write(d.join("creds/tpmcrypt-pin"), "1234\n").unwrap();
+    common::chmod(&d.join("creds/tpmcrypt-pin"), 0o644);
+    let creds = d.join("creds").display().to_string();
+    let args = ["decrypt", "-i", "id", "-o", "g", "f.tpmc"];
+    let a: Run = tpmcrypt(d)
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .args(args)
+        .output()
+        .expect("spawn")
+        .into();
+    let b: Run = common::wrapper(d, full().to_str().unwrap())
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .args(args)
+        .output()
+        .expect("spawn")
+        .into();
+    assert_eq!((a.code, &a.stderr), (b.code, &b.stderr));
+    assert_eq!(a.code, 2, "{}", a.stderr);
+    assert!(!d.join("g").exists(), "no plaintext written");
+}
+
+/// A run that fails before it needs the session key (its output exists)
+/// unwraps nothing, and its wall-time parts add up to its total.
+#[test]
+fn a_served_decrypt_counts_and_times_as_tpmcrypt_full_does() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(2_000, 7)).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
+        "encrypt",
+    );
+    for exe in [common::bin(), full()] {
+        let x: Run = common::wrapper(d, exe.to_str().unwrap())
+            .args(["-v", "decrypt", "-i", "id", "-o", "f", "f.tpmc"])
+            .output()
+            .expect("spawn")
+            .into();
+        assert_eq!(x.code, 1, "{}", x.stderr);
+        assert!(
+            x.stderr.contains(" 0 session key unwrap(s)"),
+            "{exe:?}: {}",
+            x.stderr
+        );
+    }
+    for i in 0..5 {
+        let out = format!("g{i}");
+        let stats = format!("s{i}.json");
+        let args = [
+            "decrypt",
+            "--stats-json",
+            &stats,
+            "-i",
+            "id",
+            "-o",
+            &out,
+            "f.tpmc",
+        ];
+        assert_ok(&run(d, &args), "decrypt --stats-json");
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(d.join(&stats)).unwrap()).expect("json");
+        let w = &v["wall_ms"];
+        let part = |k: &str| w[k].as_f64().unwrap_or_else(|| panic!("{k}: {w}"));
+        let sum: f64 = ["setup", "unwrap", "files", "commit", "other"]
+            .iter()
+            .map(|k| part(k))
+            .sum();
+        assert!(sum <= part("total") + 0.01, "parts {sum} > total: {w}");
+        assert_eq!(v["session_key_unwraps"], 1, "{v}");
+    }
+}
+
+/// An agent that never answers costs one wait, one connection and one
+/// warning, as in tpmcrypt-full, for a run the front serves.
+#[test]
+fn an_agent_that_never_answers_is_asked_once() {
+    use std::os::unix::net::UnixListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(1_500, 8)).unwrap();
+    assert_ok(
+        &run(
+            d,
+            &["encrypt", "--new-session", "-R", &r, "-o", "f.tpmc", "f"],
+        ),
+        "encrypt",
+    );
+    let listener = UnixListener::bind(d.join(".tpmcrypt-agent.sock")).expect("bind");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            count.fetch_add(1, Ordering::SeqCst);
+            // Kept open, never answered.
+            held.push(conn);
+        }
+    });
+    let (calls, x) = executed(d, &[], &["decrypt", "-i", "id", "-o", "g", "f.tpmc"]);
+    assert_ok(&x, "decrypt beside a silent agent");
+    assert_eq!(calls.len(), 1, "served by the front: {calls:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "connections");
+    assert_eq!(
+        x.stderr.matches("not using the agent").count(),
+        1,
+        "{}",
+        x.stderr
+    );
+    assert_eq!(fs::read(d.join("g")).unwrap(), bytes(1_500, 8));
+}
+
+/// Without /proc the front does not trust argv[0] to find tpmcrypt-full:
+/// a `tpmcrypt-full` beside a symlink to the front is never run.
+#[test]
+fn without_proc_argv0_never_chooses_tpmcrypt_full() {
+    let dir = scratch();
+    let d = dir.path();
+    let evil = d.join("evil");
+    fs::create_dir(&evil).unwrap();
+    std::os::unix::fs::symlink(common::bin(), evil.join("tpmcrypt")).unwrap();
+    let marker = d.join("ran");
+    fs::write(
+        evil.join("tpmcrypt-full"),
+        format!("#!/bin/sh\ntouch {}\n", marker.display()),
+    )
+    .unwrap();
+    common::chmod(&evil.join("tpmcrypt-full"), 0o755);
+    let script = format!(
+        "mount -t tmpfs none /proc && exec {} key list",
+        evil.join("tpmcrypt").display()
+    );
+    let x: Run = common::wrapper(d, "unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .expect("spawn unshare")
+        .into();
+    assert!(
+        !marker.exists(),
+        "argv[0]'s tpmcrypt-full ran: {}",
+        x.stderr
+    );
+    assert!(x.stderr.lines().count() <= 2, "{}", x.stderr);
+}

@@ -398,6 +398,17 @@ pub struct Decryptor {
     /// Nanoseconds spent getting session keys not held yet.
     fetch_ns: AtomicU64,
     backend: Option<Arc<dyn Backend>>,
+    /// Keys found by [`Decryptor::prefetch`] and not used yet.
+    prefetched: Mutex<HashMap<[u8; 32], Prefetched>>,
+}
+
+/// A session key [`Decryptor::prefetch`] found, with what using it counts.
+struct Prefetched {
+    key: SessionKey,
+    /// Unwrapped by an identity (not from the session cache).
+    unwrapped: bool,
+    /// Nanoseconds it took.
+    ns: u64,
 }
 
 impl Decryptor {
@@ -410,6 +421,7 @@ impl Decryptor {
             unwraps: AtomicU64::new(0),
             fetch_ns: AtomicU64::new(0),
             backend: None,
+            prefetched: Mutex::new(HashMap::new()),
         }
     }
 
@@ -474,21 +486,64 @@ impl Decryptor {
         Ok(key)
     }
 
-    /// A session key not held yet: from the external cache, or unwrapped
-    /// by an identity (and then offered to the external cache).
+    /// Finds the session key of `header` now, from the session cache or
+    /// by unwrapping a stanza, and keeps it aside: it is counted, timed and
+    /// offered to the session cache only when [`Decryptor::session_key`]
+    /// first needs it, so a run that fails before then (its output exists,
+    /// say) has the effects of one that never looked. Tells a caller,
+    /// before any work, whether this decryptor can open the file.
+    pub fn prefetch(&self, header: &Header) -> Result<()> {
+        let digest = header.stanza_digest();
+        if self.lock_cache().contains_key(&digest) {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let (key, unwrapped) = self.find_session_key(header, &digest)?;
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest, Prefetched { key, unwrapped, ns });
+        Ok(())
+    }
+
+    /// A session key not held yet: one [`Decryptor::prefetch`] found, or
+    /// from the external cache, or unwrapped by an identity (counted, and
+    /// then offered to the external cache).
     fn fetch_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<SessionKey> {
+        let prefetched = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+        let (key, unwrapped) = match prefetched {
+            Some(p) => {
+                self.fetch_ns.fetch_add(p.ns, Ordering::Relaxed);
+                (p.key, p.unwrapped)
+            }
+            None => self.find_session_key(header, digest)?,
+        };
+        if unwrapped {
+            self.unwraps.fetch_add(1, Ordering::Relaxed);
+            if let Some(external) = &self.external {
+                external.put(digest, &key);
+            }
+        }
+        Ok(key)
+    }
+
+    /// The session key from the external cache (`false`), or unwrapped by
+    /// an identity (`true`), checked against the header MAC.
+    fn find_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<(SessionKey, bool)> {
         if let Some(key) = self.external.as_ref().and_then(|c| c.get(digest)) {
             // A key that fails the MAC is ignored: the identities decide.
             if verify_header(header, &key).is_ok() {
-                return Ok(key);
+                return Ok((key, false));
             }
         }
         let key = self.unwrap_any(header)?;
         verify_header(header, &key)?;
-        if let Some(external) = &self.external {
-            external.put(digest, &key);
-        }
-        Ok(key)
+        Ok((key, true))
     }
 
     fn unwrap_any(&self, header: &Header) -> Result<SessionKey> {
@@ -500,10 +555,7 @@ impl Decryptor {
         for identity in &self.identities {
             for stanza in &header.stanzas {
                 match identity.unwrap(stanza) {
-                    Ok(Some(key)) => {
-                        self.unwraps.fetch_add(1, Ordering::Relaxed);
-                        return Ok(key);
-                    }
+                    Ok(Some(key)) => return Ok(key),
                     Ok(None) => {}
                     Err(e) => {
                         first_err.get_or_insert(e);

@@ -24,13 +24,21 @@
 //! same arguments, environment and descriptors, so `tpmcrypt-full` says
 //! and does exactly what it would have said and done if run directly.
 //! Nothing the front did before a hand-over is visible: it has written
-//! nothing, printed nothing and consumed no input.
+//! nothing, printed nothing and consumed no input (it reads only regular
+//! files before deciding, never a pipe, FIFO or device). A served decrypt
+//! finds its session key before the run ([`Decryptor::prefetch`]) and
+//! counts it, and gives it to the agent, only when the run uses it.
+//!
+//! Known difference: the file is opened by name twice, for the check and
+//! for the run. One replaced in between by a file only a TPM key opens
+//! fails with "no identity matches" (exit 3), where tpmcrypt-full would
+//! have used the TPM; nothing is lost, and running it again works. A
+//! hand-over after the agent failed to answer asks it once more.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tpmcrypt_cipher::format::Header;
@@ -52,6 +60,10 @@ pub const FULL: &str = "tpmcrypt-full";
 /// `../libexec/tpmcrypt/` from it (`/usr/bin/tpmcrypt` →
 /// `/usr/libexec/tpmcrypt/tpmcrypt-full`, as the Debian package installs).
 const LIBEXEC: &str = "../libexec/tpmcrypt";
+
+/// Where the Debian package installs [`FULL`], the one place looked at
+/// when this executable's own path is unknown (no `/proc`).
+const INSTALLED: &str = "/usr/libexec/tpmcrypt/tpmcrypt-full";
 
 /// The `tpmcrypt` executable's `main`.
 pub fn main() -> ! {
@@ -151,13 +163,15 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     if !backend_served(args.files.backend) {
         return None;
     }
-    // tpmcrypt-full checks the TPM's name even when no key needs it.
+    // tpmcrypt-full checks the TPM's name and every PIN source even when
+    // no key needs them.
     crate::tpm::target(ui).ok()?;
+    crate::pin::pins(ui).ok()?;
     let keys = keystore_keys(ui)?;
     let identities = args
         .identities
         .iter()
-        .map(|p| crate::keys::load_identity(p).ok())
+        .map(|p| regular_identity(p))
         .collect::<Option<Vec<Box<dyn Identity>>>>()?;
     if identities.is_empty() && keys == 0 {
         // "No identity" is tpmcrypt-full's usage error, before any other.
@@ -168,15 +182,22 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         // tpmcrypt-full warns of it.
         Err(_) => return None,
     };
-    let failed = Arc::new(AtomicBool::new(false));
+    // The agent's failures while the front decides are said only if it
+    // serves the run (tpmcrypt-full would say them once more); after that,
+    // as they come, as tpmcrypt-full says them.
+    let held: Arc<Mutex<Option<Vec<String>>>> = Arc::new(Mutex::new(Some(Vec::new())));
     let agent = std::cell::Cell::new(agent);
     let cache = || {
         agent.take().map(|client| {
-            let failed = failed.clone();
-            Box::new(AgentCache::new(
-                client,
-                Box::new(move |_| failed.store(true, Ordering::Relaxed)),
-            )) as Box<dyn SessionCache>
+            let held = held.clone();
+            let on_failure = move |e: &tpmcrypt_tpmkey::Error| {
+                let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                match held.as_mut() {
+                    Some(list) => list.push(e.to_string()),
+                    None => crate::commands::agent::say_not_using(&e.to_string()),
+                }
+            };
+            Box::new(AgentCache::new(client, Box::new(on_failure))) as Box<dyn SessionCache>
         })
     };
     let check = |plan: &files::Plan, decryptor: &Decryptor| -> anyhow::Result<()> {
@@ -192,12 +213,12 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         if args.files.backend.is_none() && (params.mode != Mode::Gcm || params.key_len == 24) {
             return Err(HandOver.into());
         }
-        // Unwrapped now (by the agent or a -i identity, counted and offered
-        // to the agent as tpmcrypt-full does), and held for the run.
-        decryptor.session_key(&header).map_err(|_| HandOver)?;
-        if failed.load(Ordering::Relaxed) {
-            // A failed agent request earns a warning there.
-            return Err(HandOver.into());
+        // Found now (by the agent or a -i identity), counted and offered to
+        // the agent only when the run uses it, as tpmcrypt-full does.
+        decryptor.prefetch(&header).map_err(|_| HandOver)?;
+        let said = held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        for text in said.into_iter().flatten() {
+            crate::commands::agent::say_not_using(&text);
         }
         Ok(())
     };
@@ -206,12 +227,20 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     ))
 }
 
-/// The header of the (binary or armored) tpmcrypt file at `path`.
-fn read_header(path: &Path) -> Option<Header> {
+/// A `-i` identity, if `path` is a regular file: one from a pipe, a FIFO
+/// or a device is left to tpmcrypt-full, which must be the one to read it.
+fn regular_identity(path: &Path) -> Option<Box<dyn Identity>> {
+    use std::io::Read as _;
+    let mut file = open_regular(path)?;
+    let mut bytes = zeroize::Zeroizing::new(Vec::new());
+    file.read_to_end(&mut bytes).ok()?;
+    crate::keys::parse_identity(path, &bytes).ok()
+}
+
+/// `path` opened for reading if it is a regular file, without blocking
+/// (a FIFO swapped in after the check is not waited for, nor emptied).
+fn open_regular(path: &Path) -> Option<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    // Only a regular file: a FIFO's writer must meet tpmcrypt-full's open,
-    // not this one (which would take its data, or end its writes with
-    // EPIPE). Without blocking, should one be swapped in since.
     if !std::fs::metadata(path).ok()?.is_file() {
         return None;
     }
@@ -220,9 +249,14 @@ fn read_header(path: &Path) -> Option<Header> {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// The header of the (binary or armored) tpmcrypt file at `path`.
+fn read_header(path: &Path) -> Option<Header> {
+    // Only a regular file: a FIFO's writer must meet tpmcrypt-full's open,
+    // not this one (which would take its data, or end its writes with EPIPE).
+    let file = open_regular(path)?;
     if tpmcrypt_cipher::armor::file_starts_armor(&file).ok()? {
         Header::read_from(&mut tpmcrypt_cipher::armor::ArmoredReader::new(&file)).ok()
     } else {
@@ -281,12 +315,13 @@ impl TpmUse for NoTpm {
 /// `tpmcrypt-full`: beside this executable, else in
 /// `../libexec/tpmcrypt/` from it. Never looked up in `PATH`: a directory
 /// there may be another user's.
-fn full_path(argv0: Option<&OsString>) -> Option<PathBuf> {
-    // Without /proc, the name this executable was started by, if a path.
-    let exe = std::env::current_exe().ok().or_else(|| {
-        let path = PathBuf::from(argv0?);
-        path.components().nth(1).is_some().then_some(path)
-    })?;
+fn full_path() -> Option<PathBuf> {
+    let Ok(exe) = std::env::current_exe() else {
+        // Without /proc, only where the package installs it: argv[0] is
+        // whatever the caller chose, and a directory named by it may be
+        // another user's.
+        return Some(PathBuf::from(INSTALLED)).filter(|p| p.is_file());
+    };
     let dir = exe.parent()?;
     [dir.join(FULL), dir.join(LIBEXEC).join(FULL)]
         .into_iter()
@@ -295,7 +330,7 @@ fn full_path(argv0: Option<&OsString>) -> Option<PathBuf> {
 
 /// Replaces this process with `tpmcrypt-full`, given the same arguments.
 fn hand_over(argv: &[OsString]) -> ! {
-    let Some(full) = full_path(argv.first()) else {
+    let Some(full) = full_path() else {
         eprintln!(
             "{} {FULL} is not installed beside tpmcrypt (nor in {LIBEXEC}/ from it): \
              reinstall tpmcrypt",

@@ -122,9 +122,14 @@ fn read_recipients_file(value: &OsStr) -> anyhow::Result<(String, Vec<u8>)> {
 
 /// Loads one `-i` identity file.
 pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
+    let bytes = Zeroizing::new(fs::read(path).with_context(|| path.display().to_string())?);
+    parse_identity(path, &bytes)
+}
+
+/// The identity in `bytes`, read from `path` (named in errors).
+pub fn parse_identity(path: &Path, bytes: &[u8]) -> anyhow::Result<Box<dyn Identity>> {
     let label = || path.display().to_string();
-    let bytes = Zeroizing::new(fs::read(path).with_context(label)?);
-    let text = std::str::from_utf8(&bytes)
+    let text = std::str::from_utf8(bytes)
         .map_err(|_| {
             tpmcrypt_cipher::Error::InvalidIdentity(
                 "not a text file (not a tpmcrypt identity)".into(),

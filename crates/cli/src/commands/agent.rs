@@ -86,10 +86,15 @@ fn inherited_socket() -> anyhow::Result<Option<std::os::fd::OwnedFd>> {
 }
 
 fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
+    say_not_using(&e.to_string());
+}
+
+/// The warning that the agent is not used, for the reason `why`.
+pub(crate) fn say_not_using(why: &str) {
     eprintln!(
         "{} not using the agent: {}",
         crate::ui::colour::warning(),
-        crate::ui::printable(&e.to_string())
+        crate::ui::printable(why)
     );
 }
 

@@ -470,10 +470,13 @@ pub(crate) fn decrypt_with(
     if let Some(b) = options::backend(args.files.backend, None)? {
         decryptor = decryptor.with_backend(b);
     }
+    // What the check fetched is the run's unwrap: timed with the files.
+    let checking = Instant::now();
     check(&plan, &decryptor)?;
+    let checked = checking.elapsed();
     let opts = run_options(&args.files, ui, false, Holds::Plaintext);
     report_skipped(&plan, ui);
-    let setup = start.elapsed();
+    let setup = start.elapsed().saturating_sub(checked);
     let summary = files::run(&plan.tasks, &opts, &|input, output, stream| {
         decryptor.decrypt_any_file(input, output, stream)
     });
