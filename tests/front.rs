@@ -591,6 +591,37 @@ fn an_agent_that_never_answers_is_asked_once() {
         x.stderr
     );
     assert_eq!(fs::read(d.join("g")).unwrap(), bytes(1_500, 8));
+
+    // A run that fails before it needs the key (its output exists) says
+    // what tpmcrypt-full says, which never asks the agent: no warning.
+    let args = ["decrypt", "-i", "id", "-o", "g", "f.tpmc"];
+    let a = run(d, &args);
+    let b = run_full(d, &args);
+    assert_eq!((a.code, &a.stderr), (b.code, &b.stderr), "output exists");
+    assert!(!a.stderr.contains("agent"), "{}", a.stderr);
+
+    // SIGINT ignored by the caller (a script's background job) still ends
+    // a run waiting on the agent, as it ends tpmcrypt-full's, which asks
+    // the agent after it has taken the signals: nothing is written.
+    let script = format!(
+        "trap '' INT; exec {} decrypt -i id -o h f.tpmc",
+        common::bin().display()
+    );
+    let mut child = common::wrapper(d, "sh")
+        .args(["-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(700));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "finished despite SIGINT: {status:?}");
+    assert!(!d.join("h").exists(), "h written despite SIGINT");
 }
 
 /// Without /proc the front does not trust argv[0] to find tpmcrypt-full:

@@ -387,6 +387,9 @@ pub trait SessionCache: Send + Sync {
     fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey>;
     /// Offers a freshly unwrapped key.
     fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey);
+    /// A key [`Decryptor::prefetch`] found (through this cache or an
+    /// identity) is now used by the run. Nothing by default.
+    fn used(&self, _stanza_digest: &[u8; 32]) {}
 }
 
 /// Decrypts files with a set of identities, caching session keys.
@@ -519,6 +522,9 @@ impl Decryptor {
         let (key, unwrapped) = match prefetched {
             Some(p) => {
                 self.fetch_ns.fetch_add(p.ns, Ordering::Relaxed);
+                if let Some(external) = &self.external {
+                    external.used(digest);
+                }
                 (p.key, p.unwrapped)
             }
             None => self.find_session_key(header, digest)?,

@@ -41,6 +41,11 @@ fn pending() -> MutexGuard<'static, BTreeSet<PathBuf>> {
 /// 130, 143 or 129). Without it they would wait, hidden, for the next run
 /// with the same output to clean them up.
 pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
+    // Once per process (the front installs it before its check).
+    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if INSTALLED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Ok(());
+    }
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::spawn(move || {

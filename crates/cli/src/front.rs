@@ -32,8 +32,15 @@
 //! Known difference: the file is opened by name twice, for the check and
 //! for the run. One replaced in between by a file only a TPM key opens
 //! fails with "no identity matches" (exit 3), where tpmcrypt-full would
-//! have used the TPM; nothing is lost, and running it again works. A
-//! hand-over after the agent failed to answer asks it once more.
+//! have used the TPM; nothing is lost, and running it again works. The
+//! agent is asked during the check, so a run that then fails before it
+//! needs the key (its output exists) has asked the agent where
+//! tpmcrypt-full would not have: invisible with an agent that answers
+//! (the warnings of one that does not are held, and said only when the
+//! key is used), but one that never answers costs its timeout. A
+//! hand-over after the agent failed to answer asks it once more. Signals
+//! are taken (temporaries removed, then the signal's exit) before the
+//! agent is asked, as tpmcrypt-full takes them before it asks.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt as _;
@@ -182,22 +189,20 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         // tpmcrypt-full warns of it.
         Err(_) => return None,
     };
-    // The agent's failures while the front decides are said only if it
-    // serves the run (tpmcrypt-full would say them once more); after that,
-    // as they come, as tpmcrypt-full says them.
-    let held: Arc<Mutex<Option<Vec<String>>>> = Arc::new(Mutex::new(Some(Vec::new())));
+    // The agent's failures while the front decides are said only once the
+    // run uses the key found then (tpmcrypt-full, which asks the agent
+    // there, would say them once more after a hand-over, and not at all
+    // in a run that fails before); after that, as they come.
+    let held = Held::default();
     let agent = std::cell::Cell::new(agent);
     let cache = || {
         agent.take().map(|client| {
-            let held = held.clone();
-            let on_failure = move |e: &tpmcrypt_tpmkey::Error| {
-                let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-                match held.as_mut() {
-                    Some(list) => list.push(e.to_string()),
-                    None => crate::commands::agent::say_not_using(&e.to_string()),
-                }
-            };
-            Box::new(AgentCache::new(client, Box::new(on_failure))) as Box<dyn SessionCache>
+            let on = held.clone();
+            let on_failure = move |e: &tpmcrypt_tpmkey::Error| on.say(e.to_string());
+            Box::new(HeldAgent {
+                agent: AgentCache::new(client, Box::new(on_failure)),
+                held: held.clone(),
+            }) as Box<dyn SessionCache>
         })
     };
     let check = |plan: &files::Plan, decryptor: &Decryptor| -> anyhow::Result<()> {
@@ -215,16 +220,62 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         }
         // Found now (by the agent or a -i identity), counted and offered to
         // the agent only when the run uses it, as tpmcrypt-full does.
+        // Before the agent is asked: a signal now ends the run as it would
+        // end tpmcrypt-full's, which asks the agent within its run.
+        let _ = crate::atomic::remove_temporaries_on_interrupt();
         decryptor.prefetch(&header).map_err(|_| HandOver)?;
-        let said = held.lock().unwrap_or_else(|p| p.into_inner()).take();
-        for text in said.into_iter().flatten() {
-            crate::commands::agent::say_not_using(&text);
-        }
         Ok(())
     };
     Some(crypt::decrypt_with(
         args, ui, start, identities, &cache, &check, &NoTpm,
     ))
+}
+
+/// The agent's warnings while the front decides, said when the run uses
+/// the key (see [`HeldAgent`]); `None` once said, and later ones at once.
+#[derive(Clone)]
+struct Held(Arc<Mutex<Option<Vec<String>>>>);
+
+impl Default for Held {
+    fn default() -> Self {
+        Held(Arc::new(Mutex::new(Some(Vec::new()))))
+    }
+}
+
+impl Held {
+    fn say(&self, text: String) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match held.as_mut() {
+            Some(list) => list.push(text),
+            None => crate::commands::agent::say_not_using(&text),
+        }
+    }
+
+    fn release(&self) {
+        let said = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        for text in said.into_iter().flatten() {
+            crate::commands::agent::say_not_using(&text);
+        }
+    }
+}
+
+/// The agent as the run's session cache, with its warnings held until the
+/// key the front's check found is used.
+struct HeldAgent {
+    agent: AgentCache,
+    held: Held,
+}
+
+impl SessionCache for HeldAgent {
+    fn get(&self, digest: &[u8; 32]) -> Option<tpmcrypt_cipher::SessionKey> {
+        self.agent.get(digest)
+    }
+    fn put(&self, digest: &[u8; 32], key: &tpmcrypt_cipher::SessionKey) {
+        self.agent.put(digest, key)
+    }
+    fn used(&self, _digest: &[u8; 32]) {
+        self.held.release();
+    }
 }
 
 /// A `-i` identity, if `path` is a regular file: one from a pipe, a FIFO
