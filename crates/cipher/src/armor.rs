@@ -61,6 +61,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 
 use crate::error::{Error, Result};
+use crate::format::Header;
 use crate::session::{Decryptor, Encryptor};
 use crate::stream::StreamOptions;
 
@@ -167,6 +168,17 @@ pub fn file_starts_armor(file: &File) -> io::Result<bool> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// The header of the tpmcrypt file `file`, binary or armored, read from
+/// its current position, and whether it was armored.
+pub fn read_any_header(file: &File) -> Result<(Header, bool)> {
+    if file_starts_armor(file)? {
+        let header = Header::read_from(&mut ArmoredReader::new(file)).map_err(lift)?;
+        Ok((header, true))
+    } else {
+        Ok((Header::read_from(&mut &*file)?, false))
     }
 }
 

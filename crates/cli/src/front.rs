@@ -308,11 +308,9 @@ fn read_header(path: &Path) -> Option<Header> {
     // Only a regular file: a FIFO's writer must meet tpmcrypt-full's open,
     // not this one (which would take its data, or end its writes with EPIPE).
     let file = open_regular(path)?;
-    if tpmcrypt_cipher::armor::file_starts_armor(&file).ok()? {
-        Header::read_from(&mut tpmcrypt_cipher::armor::ArmoredReader::new(&file)).ok()
-    } else {
-        Header::read_from(&mut &file).ok()
-    }
+    tpmcrypt_cipher::armor::read_any_header(&file)
+        .ok()
+        .map(|(header, _)| header)
 }
 
 /// How many keys the keystore holds, when reading it would earn no warning

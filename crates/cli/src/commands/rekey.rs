@@ -307,12 +307,7 @@ impl Rekeyer {
         opts: &StreamOptions<'_>,
     ) -> Result<u64, CipherError> {
         // An armored file stays armored (`-r` picks it by content).
-        let armored = armor::file_starts_armor(input)?;
-        let header = if armored {
-            Header::read_from(&mut armor::ArmoredReader::new(&*input)).map_err(armor::lift)?
-        } else {
-            Header::read_from(&mut &*input)?
-        };
+        let (header, armored) = armor::read_any_header(input)?;
         let to = self.targets.for_header(&header)?;
         // The session key before anything is written: a file no identity
         // opens fails here.
