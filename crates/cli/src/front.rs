@@ -130,7 +130,7 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     if params.mode != Mode::Gcm || params.key_len == 24 {
         return None;
     }
-    let recipients = args
+    let mut recipients = args
         .recipients
         .iter()
         .map(|r| {
@@ -141,7 +141,6 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
             Some(r)
         })
         .collect::<Option<Vec<_>>>()?;
-    let mut recipients = recipients;
     for name in &args.keys {
         recipients.extend(key_recipients(ui, name)?);
     }
@@ -152,11 +151,7 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
 /// whose recipients need no OpenSSL to read (as
 /// [`crate::keys::key_recipients`] would give them).
 fn key_recipients(ui: &Ui, name: &str) -> Option<Vec<Box<dyn Recipient>>> {
-    let store = crate::keys::keystore(ui).ok()?;
-    tpmcrypt_tpmkey::keystore::validate_name(name).ok()?;
-    if !store.exists(name) {
-        return None;
-    }
+    let store = crate::keys::keystore_with(ui, name).ok()?;
     tpmcrypt_tpmkey::identity::p256_key_recipients(&store, name).ok()?
 }
 
@@ -317,16 +312,9 @@ fn read_header(path: &Path) -> Option<Header> {
 /// in tpmcrypt-full (it reads every key, whichever one a file needs): no
 /// keystore (0), or a trusted one whose every key file loads; else `None`.
 fn keystore_keys(ui: &Ui) -> Option<usize> {
-    let dir = match &ui.keystore {
-        Some(d) => d.clone(),
-        None => match tpmcrypt_tpmkey::Keystore::default_dir() {
-            Ok(d) => d,
-            Err(_) => return Some(0),
-        },
-    };
-    if !dir.is_dir() {
+    let Some(dir) = crate::keys::decrypt_keystore_dir(ui) else {
         return Some(0);
-    }
+    };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir).ok()?;
     store.check_trusted().ok()?;
     let names = store.list().ok()?;

@@ -154,6 +154,12 @@ pub fn keystore(ui: &crate::ui::Ui) -> anyhow::Result<tpmcrypt_tpmkey::Keystore>
 /// The recipients a file encrypted to keystore key `name` gets (see
 /// [`tpmcrypt_tpmkey::identity::key_recipients`]).
 pub fn key_recipients(ui: &crate::ui::Ui, name: &str) -> anyhow::Result<Vec<Box<dyn Recipient>>> {
+    let store = keystore_with(ui, name)?;
+    Ok(tpmcrypt_tpmkey::identity::key_recipients(&store, name)?)
+}
+
+/// The trusted keystore (see [`keystore`]), if it holds a key `name`.
+pub fn keystore_with(ui: &crate::ui::Ui, name: &str) -> anyhow::Result<tpmcrypt_tpmkey::Keystore> {
     let store = keystore(ui)?;
     tpmcrypt_tpmkey::keystore::validate_name(name)?;
     if !store.exists(name) {
@@ -162,7 +168,16 @@ pub fn key_recipients(ui: &crate::ui::Ui, name: &str) -> anyhow::Result<Vec<Box<
             store.dir().display()
         )));
     }
-    Ok(tpmcrypt_tpmkey::identity::key_recipients(&store, name)?)
+    Ok(store)
+}
+
+/// The keystore directory a decrypt reads its keys from, if there is one.
+pub fn decrypt_keystore_dir(ui: &crate::ui::Ui) -> Option<std::path::PathBuf> {
+    let dir = match &ui.keystore {
+        Some(d) => d.clone(),
+        None => tpmcrypt_tpmkey::Keystore::default_dir().ok()?,
+    };
+    dir.is_dir().then_some(dir)
 }
 
 /// Every key of the keystore as an identity (nothing is read from the TPM
@@ -174,16 +189,9 @@ pub fn keystore_identities(
     // PIN files are checked first: a bad one is a usage error, whatever
     // the keystore holds.
     let pins = crate::pin::pins(ui)?;
-    let dir = match &ui.keystore {
-        Some(d) => d.clone(),
-        None => match tpmcrypt_tpmkey::Keystore::default_dir() {
-            Ok(d) => d,
-            Err(_) => return Ok(Vec::new()),
-        },
-    };
-    if !dir.is_dir() {
+    let Some(dir) = decrypt_keystore_dir(ui) else {
         return Ok(Vec::new());
-    }
+    };
     // A keystore is a convenience here: one that cannot be trusted, or a
     // damaged key file, is named in a warning and left out, and never
     // blocks an identity given with -i (the way back when the TPM is gone).

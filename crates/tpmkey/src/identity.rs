@@ -517,27 +517,31 @@ pub fn p256_key_recipients(
     let der = public
         .to_public_key_der()
         .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?;
-    match crate::trust::read_private_file(&store.pub_path(name), "the public key file") {
-        Ok(pem) => {
-            let same = pem_rfc7468::decode_vec(&pem)
-                .is_ok_and(|(label, theirs)| label == "PUBLIC KEY" && theirs == der.as_bytes());
-            if !same {
-                return Ok(None);
-            }
+    if let Some(pem) = store.public_pem(name)? {
+        let same = pem_rfc7468::decode_vec(&pem)
+            .is_ok_and(|(label, theirs)| label == "PUBLIC KEY" && theirs == der.as_bytes());
+        if !same {
+            return Ok(None);
         }
-        Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
     }
-    let mut recipients: Vec<Box<dyn Recipient>> = vec![Box::new(
-        recipient::p256::P256Recipient::new(recipient::kind::TPM_P256, public)
-            .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?,
-    )];
+    let key = recipient::p256::P256Recipient::new(recipient::kind::TPM_P256, public)
+        .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?;
+    with_recovery(name, Box::new(key), &meta).map(Some)
+}
+
+/// A key's recipient, then the recovery recipients recorded for it.
+fn with_recovery(
+    name: &str,
+    key: Box<dyn Recipient>,
+    meta: &crate::KeyMeta,
+) -> Result<Vec<Box<dyn Recipient>>> {
+    let mut recipients = vec![key];
     for r in &meta.recovery {
         recipients.push(Box::new(recovery::parse_recipient(r).map_err(|e| {
             Error::InvalidRecipient(format!("key {name}: recovery recipient: {e}"))
         })?));
     }
-    Ok(Some(recipients))
+    Ok(recipients)
 }
 
 /// The recipients a file encrypted to keystore key `name` gets: the key's
@@ -548,12 +552,7 @@ pub fn key_recipients(store: &Keystore, name: &str) -> Result<Vec<Box<dyn Recipi
     let (der, meta) = store.public_key_der(name)?;
     let at = || store.key_path(name).display().to_string();
     let pem = openssl::pkey::PKey::public_key_from_der(&der)?.public_key_to_pem()?;
-    let mut recipients = vec![recipient::tpm_recipient_from_pem(&pem)
-        .map_err(|e| Error::InvalidRecipient(format!("{}: {e}", at())))?];
-    for r in &meta.recovery {
-        recipients.push(Box::new(recovery::parse_recipient(r).map_err(|e| {
-            Error::InvalidRecipient(format!("key {name}: recovery recipient: {e}"))
-        })?));
-    }
-    Ok(recipients)
+    let key = recipient::tpm_recipient_from_pem(&pem)
+        .map_err(|e| Error::InvalidRecipient(format!("{}: {e}", at())))?;
+    with_recovery(name, key, &meta)
 }

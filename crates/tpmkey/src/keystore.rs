@@ -246,27 +246,34 @@ impl Keystore {
     pub fn public_key_der(&self, name: &str) -> Result<(Vec<u8>, KeyMeta)> {
         let (blob, meta) = self.load(name)?;
         let der = blob.public_key_der()?;
-        let pub_path = self.pub_path(name);
-        match trust::read_private_file(&pub_path, "the public key file") {
-            Ok(pem) => {
-                let theirs = openssl::pkey::PKey::public_key_from_pem(&pem)
-                    .and_then(|k| k.public_key_to_der())
-                    .ok();
-                if theirs.as_deref() != Some(&der[..]) {
-                    return Err(Error::Untrusted {
-                        path: pub_path,
-                        why: format!(
-                            "does not hold the public half of {name}.key.pem (changed by \
-                             something other than tpmcrypt); refusing to encrypt to it. \
-                             `tpmcrypt key export {name}` prints the key's real public half"
-                        ),
-                    });
-                }
+        if let Some(pem) = self.public_pem(name)? {
+            let theirs = openssl::pkey::PKey::public_key_from_pem(&pem)
+                .and_then(|k| k.public_key_to_der())
+                .ok();
+            if theirs.as_deref() != Some(&der[..]) {
+                return Err(Error::Untrusted {
+                    path: self.pub_path(name),
+                    why: format!(
+                        "does not hold the public half of {name}.key.pem (changed by \
+                         something other than tpmcrypt); refusing to encrypt to it. \
+                         `tpmcrypt key export {name}` prints the key's real public half"
+                    ),
+                });
             }
-            Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
         }
         Ok((der, meta))
+    }
+
+    /// The contents of `NAME.pub.pem`, checked as key files are, if it
+    /// exists.
+    pub fn public_pem(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match trust::read_private_file(&self.pub_path(name), "the public key file") {
+            Ok(pem) => Ok(Some(pem)),
+            Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Names of all keys, sorted.
