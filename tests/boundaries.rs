@@ -1080,13 +1080,7 @@ fn key_commands_report_a_closed_stdout() {
         "create",
     );
     for args in ["key list", "key list --json", "key show k", "key export k"] {
-        let out = common::wrapper(d, "sh")
-            .arg("-c")
-            .arg(format!("exec \"$0\" {args} >&-"))
-            .arg(common::bin())
-            .output()
-            .expect("sh");
-        let r: Run = out.into();
+        let r = common::run_with_stdout_closed(d, args);
         common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
     }
 }

@@ -104,6 +104,15 @@ fn copy_executable(from: &Path, to: &Path) {
     assert!(status.success(), "cp {} {}", from.display(), to.display());
 }
 
+/// In `d`: a recovery identity `id`, a file `f` of `len` bytes (`seed`)
+/// and `f.tpmc`, encrypted to `id` in a session of its own.
+fn encrypted_file(d: &Path, len: usize, seed: u64) {
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(len, seed)).unwrap();
+    let args = ["encrypt", "--new-session", "-R", &r, "-o", "f.tpmc", "f"];
+    assert_ok(&run(d, &args), "encrypt");
+}
+
 const LIBRARIES_OF_FULL: [&str; 4] = ["libcrypto", "libssl", "libtss2-esys", "libtss2-tctildr"];
 
 /// The front loads neither OpenSSL nor tpm2-tss's ESYS; tpmcrypt-full
@@ -259,13 +268,7 @@ fn every_run_says_what_tpmcrypt_full_says() {
 
     // A standard output closed at start is closed for tpmcrypt-full too.
     for args in ["completions bash", "--version", "decrypt -i id -o - f.tpmc"] {
-        let out = common::wrapper(d, "sh")
-            .arg("-c")
-            .arg(format!("exec \"$0\" {args} >&-"))
-            .arg(common::bin())
-            .output()
-            .expect("sh");
-        let r: Run = out.into();
+        let r = common::run_with_stdout_closed(d, args);
         common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
     }
 }
@@ -471,12 +474,7 @@ fn an_identity_on_a_pipe_is_left_for_tpmcrypt_full() {
 fn a_pin_source_tpmcrypt_full_refuses_is_refused() {
     let dir = scratch();
     let d = dir.path();
-    let r = recovery(d, "id");
-    fs::write(d.join("f"), bytes(1_000, 6)).unwrap();
-    assert_ok(
-        &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
-        "encrypt",
-    );
+    encrypted_file(d, 1_000, 6);
     fs::create_dir(d.join("creds")).unwrap();
     fs::write(d.join("creds/tpmcrypt-pin"), "1234\n").unwrap();
     common::chmod(&d.join("creds/tpmcrypt-pin"), 0o644);
@@ -505,12 +503,7 @@ fn a_pin_source_tpmcrypt_full_refuses_is_refused() {
 fn a_served_decrypt_counts_and_times_as_tpmcrypt_full_does() {
     let dir = scratch();
     let d = dir.path();
-    let r = recovery(d, "id");
-    fs::write(d.join("f"), bytes(2_000, 7)).unwrap();
-    assert_ok(
-        &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
-        "encrypt",
-    );
+    encrypted_file(d, 2_000, 7);
     for exe in [common::bin(), full()] {
         let x: Run = common::wrapper(d, exe.to_str().unwrap())
             .args(["-v", "decrypt", "-i", "id", "-o", "f", "f.tpmc"])
@@ -560,15 +553,7 @@ fn an_agent_that_never_answers_is_asked_once() {
     use std::sync::Arc;
     let dir = scratch();
     let d = dir.path();
-    let r = recovery(d, "id");
-    fs::write(d.join("f"), bytes(1_500, 8)).unwrap();
-    assert_ok(
-        &run(
-            d,
-            &["encrypt", "--new-session", "-R", &r, "-o", "f.tpmc", "f"],
-        ),
-        "encrypt",
-    );
+    encrypted_file(d, 1_500, 8);
     let listener = UnixListener::bind(d.join(".tpmcrypt-agent.sock")).expect("bind");
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();

@@ -88,6 +88,18 @@ pub fn run_stdin(dir: &Path, args: &[&str], input: &[u8]) -> Run {
     out.into()
 }
 
+/// Runs `args` (words split by the shell) in `dir` with standard output
+/// closed at start (`>&-`).
+pub fn run_with_stdout_closed(dir: &Path, args: &str) -> Run {
+    wrapper(dir, "sh")
+        .arg("-c")
+        .arg(format!("exec \"$0\" {args} >&-"))
+        .arg(bin())
+        .output()
+        .expect("sh")
+        .into()
+}
+
 /// Creates a recovery identity `name` in `dir`; returns its recipient string.
 pub fn recovery(dir: &Path, name: &str) -> String {
     let r = run(dir, &["recovery", "create", "--out", name]);
