@@ -16,6 +16,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
@@ -284,6 +285,10 @@ impl AtomicFile {
     /// The device of the file system the file is on (0 if unknown).
     pub fn file_dev(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
+        if let Some(dir) = &self.dir {
+            // Made in that directory, so on its file system.
+            return dir.id.0;
+        }
         self.file.metadata().map(|m| m.dev()).unwrap_or(0)
     }
 
@@ -584,6 +589,9 @@ fn name_of(dest: &Path) -> io::Result<(&Path, &OsStr)> {
 struct OutputDir {
     fd: OwnedFd,
     id: (u64, u64),
+    /// Whether `syncfs` makes files in it durable ([`syncfs_is_durable`]),
+    /// asked once per directory rather than once per file.
+    syncfs_durable: bool,
 }
 
 impl OutputDir {
@@ -596,6 +604,7 @@ impl OutputDir {
         let m = f.metadata()?;
         Ok(Arc::new(OutputDir {
             id: (m.dev(), m.ino()),
+            syncfs_durable: syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)),
             fd: OwnedFd::from(f),
         }))
     }
@@ -648,7 +657,6 @@ impl OutputDir {
 /// does not take it, or is not one whose `syncfs` makes it durable, or
 /// `/proc/self/fd` is not there to give it a name later.
 fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
-    use std::os::fd::AsFd;
     use std::sync::OnceLock;
     static PROC_FD: OnceLock<bool> = OnceLock::new();
     if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
@@ -674,7 +682,8 @@ fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
             }
         }
     };
-    Ok(syncfs_is_durable(file.as_fd()).then_some((file, out_dir)))
+    // On the directory's file system, whose kind was asked once.
+    Ok(out_dir.syncfs_durable.then_some((file, out_dir)))
 }
 
 /// Gives the unnamed `file` its first name: `dest`'s file name in `dir`,
@@ -695,6 +704,34 @@ fn link_unnamed(file: &File, dir: &OutputDir, dest: &Path) -> io::Result<()> {
         Some(name) => name,
     };
     let to = CString::new(name).map_err(|_| io::Error::other("NUL in a name"))?;
+    // The descriptor itself (`AT_EMPTY_PATH`) where this process may, which
+    // spares the kernel the lookup of the /proc path: with the capability
+    // to (root), or a kernel that lets the opener of an O_TMPFILE do it.
+    // Refused once (ENOENT), it is not asked again.
+    if !EMPTY_PATH_REFUSED.load(Ordering::Relaxed) {
+        // SAFETY: a valid descriptor, an empty NUL-terminated path, a valid
+        // directory descriptor and NUL-terminated name.
+        let rc = unsafe {
+            libc::linkat(
+                file.as_raw_fd(),
+                c"".as_ptr(),
+                dir.fd.as_raw_fd(),
+                to.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::EPERM) | Some(libc::EINVAL) => {
+                EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed)
+            }
+            Some(libc::EEXIST) => return Err(exists(dest)),
+            _ => return Err(err),
+        }
+    }
     // SAFETY: a valid NUL-terminated path and name, a valid directory
     // descriptor; AT_SYMLINK_FOLLOW makes the link to the file the
     // descriptor is open on.
@@ -716,6 +753,9 @@ fn link_unnamed(file: &File, dir: &OutputDir, dest: &Path) -> io::Result<()> {
         _ => Err(err),
     }
 }
+
+/// Set once `linkat(AT_EMPTY_PATH)` was refused (see [`link_unnamed`]).
+static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// After a link into `dir`: an error if `dest`'s directory path no longer
 /// names `dir` (moved or replaced during the run), for the run to report
@@ -1008,6 +1048,32 @@ pub fn pid_alive(pid: i32) -> bool {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn an_unnamed_file_is_linked_through_proc_where_its_descriptor_may_not_be() {
+        // As for a user without the capability on a kernel before 6.10:
+        // every later link in this process takes the /proc path.
+        EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed);
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("out");
+        let mut f = AtomicFile::create_unnamed(&dest, 0o640, false).unwrap();
+        assert!(f.unnamed, "this file system takes O_TMPFILE");
+        f.file().write_all(b"data").unwrap();
+        f.commit().unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"data");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&dest).unwrap().permissions())
+                & 0o777,
+            0o640
+        );
+        // And it never replaces a name taken meanwhile.
+        let mut g = AtomicFile::create_unnamed(&dest.with_extension("b"), 0o600, false).unwrap();
+        fs::write(dest.with_extension("b"), b"theirs").unwrap();
+        g.file().write_all(b"mine").unwrap();
+        let err = g.commit().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists, "{err}");
+        assert_eq!(fs::read(dest.with_extension("b")).unwrap(), b"theirs");
+    }
 
     #[test]
     fn names_near_the_limit_get_a_temporary_that_fits() {

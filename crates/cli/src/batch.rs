@@ -47,6 +47,8 @@ pub struct Limits {
     pub age: Duration,
     /// Tasks a parallel run may have under way or done and waiting for
     /// an earlier one (each holds open files, as a batch's outputs do).
+    /// As many as a batch, where the open files allow: while one batch
+    /// commits (its syncs wait for the disk), the workers write the next.
     pub window: usize,
 }
 
@@ -76,7 +78,7 @@ impl Limits {
             files,
             bytes: 256 << 20,
             age: Duration::from_secs(1),
-            window: (slots - files).clamp(1, 256),
+            window: (slots - files).clamp(1, files),
         }
     }
 }
@@ -173,79 +175,93 @@ impl<T: Send> Batch<T> {
     }
 
     /// Commits every waiting output (steps 1-4 above) and returns each
-    /// tag with its outcome, in the order they were pushed.
+    /// tag with its outcome, in the order they were pushed. A large batch
+    /// is named, and its originals removed, on several threads.
     pub fn commit(&mut self) -> Vec<(T, Result<(), CommitError>)> {
-        self.commit_with(|_| Ok(()))
+        let synced = make_durable(self.take());
+        let threads = threads_for(synced.len());
+        let named = par_map(synced, threads, |(p, r)| name(p, r, |_| Ok(())));
+        finish(named, threads)
     }
 
     /// [`Batch::commit`], calling `before_rename` for each output whose
     /// data is durable, just before its rename (the watch daemon records
-    /// the output in its journal there). An error refuses that rename.
+    /// the output in its journal there), one output after another. An
+    /// error refuses that rename.
     pub fn commit_with(
         &mut self,
-        before_rename: impl FnMut(&T) -> Result<(), CommitError>,
+        mut before_rename: impl FnMut(&T) -> Result<(), CommitError>,
     ) -> Vec<(T, Result<(), CommitError>)> {
-        let pending = std::mem::take(&mut self.pending);
+        let synced = make_durable(self.take());
+        let named = synced
+            .into_iter()
+            .map(|(p, r)| name(p, r, &mut before_rename))
+            .collect();
+        finish(named, 1)
+    }
+
+    fn take(&mut self) -> Vec<Pending<T>> {
         self.bytes = 0;
         self.since = None;
-        commit(pending, before_rename)
+        std::mem::take(&mut self.pending)
     }
 }
 
-fn commit<T: Send>(
-    pending: Vec<Pending<T>>,
-    mut before_rename: impl FnMut(&T) -> Result<(), CommitError>,
-) -> Vec<(T, Result<(), CommitError>)> {
-    let synced = make_durable(pending);
-    // Step 2: renames; step 3: each directory that received an output.
-    let mut renamed = Vec::with_capacity(synced.len());
-    // Outputs that had no name until now (see `AtomicFile::create_unnamed`).
-    let mut linked = Vec::new();
-    for (p, r) in synced {
-        let Pending {
-            tag, out, original, ..
-        } = p;
-        let dir = atomic::parent_dir(out.dest()).to_path_buf();
-        let r = r.and_then(|()| before_rename(&tag));
-        let (r, after) = match original {
-            // An output that takes its own original's name (rekey).
-            Some(o) if o.path == out.dest() => match r.and_then(|()| replace::exchange(out, &o)) {
-                Ok(displaced) => (Ok(()), After::Unlink(displaced)),
-                Err(e) => (Err(e), After::Nothing),
-            },
-            original => {
-                let r = r.and_then(|()| match out.rename_durable() {
-                    Ok(Some(file)) => {
-                        linked.push((renamed.len(), file));
-                        Ok(())
-                    }
-                    Ok(None) => Ok(()),
-                    Err(e) => Err(CommitError::Rename(e)),
-                });
-                (r, original.map_or(After::Nothing, After::Remove))
+/// One output after step 2: its tag, its outcome so far, its directory,
+/// what follows its commit, and (a file that got its first name) the
+/// file, whose inode must be made durable too.
+type Named<T> = (T, Result<(), CommitError>, PathBuf, After, Option<File>);
+
+/// Step 2 for one output whose data is durable (`r`): its rename.
+fn name<T>(
+    p: Pending<T>,
+    r: Result<(), CommitError>,
+    before_rename: impl FnOnce(&T) -> Result<(), CommitError>,
+) -> Named<T> {
+    let Pending {
+        tag, out, original, ..
+    } = p;
+    let dir = atomic::parent_dir(out.dest()).to_path_buf();
+    let r = r.and_then(|()| before_rename(&tag));
+    match original {
+        // An output that takes its own original's name (rekey).
+        Some(o) if o.path == out.dest() => match r.and_then(|()| replace::exchange(out, &o)) {
+            Ok(displaced) => (tag, Ok(()), dir, After::Unlink(displaced), None),
+            Err(e) => (tag, Err(e), dir, After::Nothing, None),
+        },
+        original => {
+            let after = original.map_or(After::Nothing, After::Remove);
+            match r.and_then(|()| out.rename_durable().map_err(CommitError::Rename)) {
+                Ok(linked) => (tag, Ok(()), dir, after, linked),
+                Err(e) => (tag, Err(e), dir, after, None),
             }
-        };
-        renamed.push((tag, r, dir, after));
-    }
-    // A file that got its first name: its inode too (one alone is
-    // fsynced; several go with the syncfs of their directories below).
-    let several_linked = linked.len() > 1;
-    if let [(i, file)] = linked.as_slice() {
-        if let Err(e) = file.sync_all() {
-            renamed[*i].1 = Err(CommitError::Sync(e));
         }
     }
-    drop(linked);
-    let dirs: BTreeSet<PathBuf> = renamed
+}
+
+/// Steps 3 and 4 for the named outputs, the removals on `threads`.
+fn finish<T: Send>(mut named: Vec<Named<T>>, threads: usize) -> Vec<(T, Result<(), CommitError>)> {
+    // A file that got its first name: its inode too (one alone is
+    // fsynced; several go with the syncfs of their directories below).
+    let linked = named.iter().filter(|n| n.4.is_some()).count();
+    if linked == 1 {
+        if let Some(n) = named.iter_mut().find(|n| n.4.is_some()) {
+            if let Some(Err(e)) = n.4.as_ref().map(File::sync_all) {
+                n.1 = Err(CommitError::Sync(e));
+            }
+        }
+    }
+    for n in &mut named {
+        n.4 = None;
+    }
+    let dirs: BTreeSet<PathBuf> = named
         .iter()
-        .filter(|(_, r, _, _)| r.is_ok())
-        .map(|(_, _, d, _)| d.clone())
+        .filter(|n| n.1.is_ok())
+        .map(|n| n.2.clone())
         .collect();
-    let failed_dirs = sync_dirs(&dirs, several_linked);
+    let failed_dirs = sync_dirs(&dirs, linked > 1);
     // Step 4: originals, only behind a durable output.
-    let mut removed_from = BTreeSet::new();
-    let mut out = Vec::with_capacity(renamed.len());
-    for (tag, r, dir, original) in renamed {
+    let done = par_map(named, threads, |(tag, r, dir, original, _)| {
         let r = r.and_then(|()| match failed_dirs.iter().find(|(d, _)| *d == dir) {
             Some((d, e)) => Err(CommitError::Directory(
                 crate::ui::shown(d),
@@ -253,24 +269,27 @@ fn commit<T: Send>(
             )),
             None => Ok(()),
         });
-        let r = match (r, original) {
+        match (r, original) {
             (Ok(()), After::Remove(o)) => {
                 let gone = remove_original(&o);
-                if gone.is_ok() {
-                    removed_from.insert(atomic::parent_dir(&o.path).to_path_buf());
-                }
-                gone.map_err(CommitError::Original)
+                let from = gone
+                    .is_ok()
+                    .then(|| atomic::parent_dir(&o.path).to_path_buf());
+                (tag, gone.map_err(CommitError::Original), from)
             }
             (Ok(()), After::Unlink(displaced)) => {
                 // The new file is durable under the name; the old one goes
                 // (left behind, it is a temporary the next run removes).
-                if displaced.remove().is_ok() {
-                    removed_from.insert(dir);
-                }
-                Ok(())
+                let from = displaced.remove().is_ok().then_some(dir);
+                (tag, Ok(()), from)
             }
-            (r, _) => r,
-        };
+            (r, _) => (tag, r, None),
+        }
+    });
+    let mut removed_from = BTreeSet::new();
+    let mut out = Vec::with_capacity(done.len());
+    for (tag, r, from) in done {
+        removed_from.extend(from);
         out.push((tag, r));
     }
     // A removal that is not yet durable loses nothing (the output is), so
@@ -283,6 +302,42 @@ fn commit<T: Send>(
         );
     }
     out
+}
+
+/// Threads for the per-file steps of a commit of `n` outputs: one for a
+/// small batch (a thread costs more than it saves), else one per CPU, at
+/// most eight (twice the CPUs measured no faster, even where each removal
+/// waits for the disk).
+fn threads_for(n: usize) -> usize {
+    const MIN_PER_THREAD: usize = 64;
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    (n / MIN_PER_THREAD).clamp(1, cpus.min(8))
+}
+
+/// `f` over `items` on up to `threads` threads, each taking a contiguous
+/// run of them (the outputs of one directory are mostly together, so
+/// threads seldom wait for one another's directory), results in order.
+fn par_map<I: Send, O: Send>(items: Vec<I>, threads: usize, f: impl Fn(I) -> O + Sync) -> Vec<O> {
+    if threads <= 1 || items.len() <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let mut chunks: Vec<Vec<I>> = Vec::new();
+    let mut it = items.into_iter().peekable();
+    while it.peek().is_some() {
+        chunks.push(it.by_ref().take(per).collect());
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| scope.spawn(move || chunk.into_iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// What follows an output's commit: its original removed (`--in-place`),
@@ -302,41 +357,9 @@ fn fsync_each<T: Send>(
     sync: impl Fn(&mut T) -> io::Result<()> + Sync,
 ) -> Vec<(T, io::Result<()>)> {
     const THREADS: usize = 8;
-    if files.len() <= 1 {
-        return files
-            .into_iter()
-            .map(|mut f| {
-                let r = sync(&mut f);
-                (f, r)
-            })
-            .collect();
-    }
-    let per = files.len().div_ceil(THREADS);
-    let mut chunks: Vec<Vec<T>> = Vec::new();
-    let mut it = files.into_iter().peekable();
-    while it.peek().is_some() {
-        chunks.push(it.by_ref().take(per).collect());
-    }
-    let sync = &sync;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .into_iter()
-                        .map(|mut f| {
-                            let r = sync(&mut f);
-                            (f, r)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
+    par_map(files, THREADS, |mut f| {
+        let r = sync(&mut f);
+        (f, r)
     })
 }
 
@@ -618,6 +641,99 @@ mod tests {
             }
         }
         assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn par_map_keeps_the_order_on_any_number_of_threads() {
+        for threads in [1, 2, 3, 8, 2000] {
+            let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+            let out = par_map((0..1000).collect(), threads, |i: usize| {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                i * 2
+            });
+            assert_eq!(out, (0..1000).map(|i| i * 2).collect::<Vec<_>>());
+            let used = seen.lock().unwrap().len();
+            assert_eq!(used, threads.min(1000), "threads {threads}");
+        }
+        assert!(par_map(Vec::<u8>::new(), 4, |b| b).is_empty());
+    }
+
+    #[test]
+    fn a_large_batch_is_committed_on_several_threads_with_each_outcome_in_place() {
+        const N: usize = 300;
+        assert!(threads_for(N) >= std::thread::available_parallelism().unwrap().get().min(4));
+        let d = tempfile::tempdir().unwrap();
+        // Several directories, as a tree's are.
+        let dirs: Vec<_> = (0..5).map(|k| d.path().join(format!("d{k}"))).collect();
+        for dir in &dirs {
+            std::fs::create_dir(dir).unwrap();
+        }
+        let mut batch = Batch::new(Limits {
+            files: N,
+            bytes: u64::MAX,
+            age: Duration::from_secs(60),
+            window: N,
+        });
+        let at = |i: usize| dirs[i % dirs.len()].join(format!("o{i}"));
+        for i in 0..N {
+            let orig = at(i);
+            std::fs::write(&orig, b"plain").unwrap();
+            let file = File::open(&orig).unwrap();
+            let stamp = Stamp::of(&file.metadata().unwrap());
+            let dest = dirs[i % dirs.len()].join(format!("o{i}.tpmc"));
+            // Half with no name until the commit, half under a temporary.
+            let mut out = match i % 2 {
+                0 => AtomicFile::create_unnamed(&dest, 0o644, false).unwrap(),
+                _ => AtomicFile::create(&dest, 0o644, false).unwrap(),
+            };
+            std::io::Write::write_all(out.file(), format!("cipher {i}").as_bytes()).unwrap();
+            batch.push(Pending {
+                tag: i,
+                out,
+                bytes: 6,
+                original: Some(Original {
+                    path: orig,
+                    file,
+                    stamp,
+                }),
+            });
+        }
+        // Before the commit: two originals change, one output's name is
+        // taken by someone else.
+        let changed = [7, 151];
+        for i in changed {
+            std::fs::write(at(i), b"plain, appended").unwrap();
+        }
+        let taken = 200;
+        std::fs::write(at(taken).with_extension("tpmc"), b"someone else's").unwrap();
+        let results = batch.commit();
+        assert_eq!(
+            results.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            (0..N).collect::<Vec<_>>()
+        );
+        for (i, r) in results {
+            let out = std::fs::read(at(i).with_extension("tpmc")).unwrap();
+            if i == taken {
+                assert!(matches!(r, Err(CommitError::Rename(_))), "{i}: {r:?}");
+                assert_eq!(out, b"someone else's");
+                assert!(at(i).exists(), "the original of {i} is kept");
+                continue;
+            }
+            assert_eq!(out, format!("cipher {i}").as_bytes());
+            if changed.contains(&i) {
+                assert!(matches!(r, Err(CommitError::Original(_))), "{i}: {r:?}");
+                assert_eq!(std::fs::read(at(i)).unwrap(), b"plain, appended");
+            } else {
+                assert!(r.is_ok(), "{i}: {r:?}");
+                assert!(!at(i).exists(), "the original of {i} is removed");
+            }
+        }
+        // Nothing else is left: no temporary, nothing moved aside.
+        let left: usize = dirs
+            .iter()
+            .map(|dir| std::fs::read_dir(dir).unwrap().count())
+            .sum();
+        assert_eq!(left, N + changed.len() + 1);
     }
 
     #[test]
