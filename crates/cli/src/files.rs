@@ -521,15 +521,12 @@ fn pick(path: &Path, name: &[u8], naming: Naming) -> Option<&'static str> {
     }
 }
 
-/// What kind of private key `file` is, if it is one tpmcrypt decrypts
-/// with (a TPM key file, a recovery identity): an `--in-place` encryption
-/// of it to itself could never be undone.
-fn private_key_kind(file: &File) -> Option<&'static str> {
-    use std::os::unix::fs::FileExt as _;
-    let mut head = [0u8; 1024];
-    let n = file.read_at(&mut head, 0).ok()?;
-    let head = &head[..n];
-    let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
+/// What kind of private key a file whose first bytes are `head` is, if it
+/// is one tpmcrypt decrypts with (a TPM key file, a recovery identity): an
+/// `--in-place` encryption of it to itself could never be undone.
+fn private_key_kind(head: &[u8]) -> Option<&'static str> {
+    use memchr::memmem;
+    let has = |needle: &[u8]| memmem::find(head, needle).is_some();
     if head.starts_with(b"-----BEGIN TSS2 PRIVATE KEY-----") {
         Some("a TPM key file (TSS2 PRIVATE KEY)")
     } else if has(b"# recipient: tpmcrypt-recovery:") && has(b"PRIVATE KEY-----") {
@@ -547,22 +544,39 @@ pub struct AlreadyEncrypted;
 
 const ALREADY: &str = "already a tpmcrypt file";
 
-/// Whether the open `file` begins with the tpmcrypt magic bytes, or with
-/// the BEGIN line of its ASCII armor (read at offset 0, the position kept).
-fn is_tpmcrypt_file(file: &File) -> io::Result<bool> {
-    use std::os::unix::fs::FileExt as _;
-    let mut head = [0u8; 64];
-    let want = HEAD_LEN.min(head.len());
-    let mut n = 0;
-    while n < want {
-        match file.read_at(&mut head[n..want], n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+/// The first bytes of an open file (read at offset 0, the position kept):
+/// enough to tell a tpmcrypt file ([`HEAD_LEN`]) and a private key.
+struct Head {
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl Head {
+    fn read(file: &File) -> io::Result<Head> {
+        use std::os::unix::fs::FileExt as _;
+        let mut head = Head {
+            buf: [0; 1024],
+            len: 0,
+        };
+        while head.len < head.buf.len() {
+            match file.read_at(&mut head.buf[head.len..], head.len as u64) {
+                Ok(0) => break,
+                Ok(k) => head.len += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
+        Ok(head)
     }
-    Ok(is_tpmcrypt_head(&head[..n]))
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// What [`is_tpmcrypt_head`] looks at.
+    fn magic(&self) -> &[u8] {
+        &self.buf[..self.len.min(HEAD_LEN)]
+    }
 }
 
 /// How many first bytes tell a tpmcrypt file: its magic, or the BEGIN
@@ -1048,7 +1062,10 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
         }
         Source::File(path) => path,
     };
-    if opts.in_place && fs::symlink_metadata(path)?.file_type().is_symlink() {
+    // A walked input is opened with O_NOFOLLOW, which refuses one that
+    // became a symlink since the walk; a named one is looked at first, to
+    // say why it is refused.
+    if opts.in_place && !task.walked && fs::symlink_metadata(path)?.file_type().is_symlink() {
         return Err(usage(InPlaceSymlink.to_string()));
     }
     // A walked input was a regular file when its directory was read; what
@@ -1063,7 +1080,14 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     if meta.is_dir() {
         return Err(usage("is a directory (use -r to recurse)"));
     }
-    if opts.skip_ciphertext && task.walked && meta.is_file() && is_tpmcrypt_file(&file)? {
+    let check_magic = opts.skip_ciphertext && task.walked && meta.is_file();
+    let check_key = opts.in_place && opts.output_kind == Holds::Ciphertext;
+    // The first bytes, read once for both checks below.
+    let head = match check_magic || check_key {
+        true => Some(Head::read(&file)?),
+        false => None,
+    };
+    if check_magic && head.as_ref().is_some_and(|h| is_tpmcrypt_head(h.magic())) {
         return Err(AlreadyEncrypted.into());
     }
     if let Some(refused) = crate::replace::refuse_input(task, &meta) {
@@ -1073,8 +1097,8 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
         // Removing one name would leave the plaintext under the others.
         return Err(anyhow::Error::new(SharedOriginal(meta.nlink())));
     }
-    if opts.in_place && opts.output_kind == Holds::Ciphertext {
-        if let Some(what) = private_key_kind(&file) {
+    if let Some(head) = head.as_ref().filter(|_| check_key) {
+        if let Some(what) = private_key_kind(head.bytes()) {
             return Err(usage(format!(
                 "is {what}: --in-place would remove it, and it may be the key \
                  needed to open its own ciphertext; encrypt a copy without --in-place"
