@@ -488,6 +488,125 @@ fn outputs_are_named_after_their_data_is_durable_and_then_synced_again() {
     assert_eq!(fs::read(d.join("f07")).unwrap(), bytes(4096, 7));
 }
 
+/// A run of many batches makes each batch's names durable with the next
+/// batch's data, one disk wait per batch instead of three, and still
+/// removes no original before a sync that began after its output got its
+/// name (and the run ends with every name and removal synced). Small
+/// batches come from a low open-file limit (about ten files each here).
+#[test]
+fn in_place_runs_of_many_batches_wait_once_per_batch_and_remove_originals_only_behind_a_sync() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    const N: usize = 300;
+    for k in 0..3 {
+        fs::create_dir(d.join(format!("t{k}"))).unwrap();
+    }
+    for i in 0..N {
+        fs::write(d.join(format!("t{}/f{i:03}", i % 3)), bytes(4096, i as u64)).unwrap();
+    }
+    let log = d.join("strace.log");
+    let args = [
+        "encrypt",
+        "-R",
+        &r,
+        "-j",
+        "2",
+        "-r",
+        "--in-place",
+        "t0",
+        "t1",
+        "t2",
+    ];
+    let status = common::wrapper(d, "prlimit")
+        .arg("--nofile=96:96")
+        .args(["strace", "-f", "-qq", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=fsync,fdatasync,syncfs,linkat,renameat2,unlink"])
+        .arg(common::bin())
+        .args(args)
+        .status()
+        .expect("prlimit and strace");
+    assert!(status.success(), "{status}");
+    let lines: Vec<String> = fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // Each call: its name, its text, the line it began on, the line it
+    // ended on (strace splits a call that another thread's interrupts).
+    let mut calls: Vec<(String, String, usize, usize)> = Vec::new();
+    let mut open: std::collections::HashMap<String, usize> = Default::default();
+    for (i, l) in lines.iter().enumerate() {
+        let (pid, rest) = l.split_once(' ').unwrap();
+        let rest = rest.trim_start();
+        if let Some(call) = rest.strip_suffix("<unfinished ...>") {
+            open.insert(pid.to_owned(), calls.len());
+            let name = call.split('(').next().unwrap().to_owned();
+            calls.push((name, call.to_owned(), i, usize::MAX));
+        } else if rest.starts_with("<... ") {
+            let k = open.remove(pid).expect("a call resumed that began");
+            calls[k].1.push_str(rest);
+            calls[k].3 = i;
+        } else if let Some((name, _)) = rest.split_once('(') {
+            calls.push((name.to_owned(), rest.to_owned(), i, i));
+        }
+    }
+    let syncs: Vec<(usize, usize)> = calls
+        .iter()
+        .filter(|c| c.0.contains("sync"))
+        .map(|c| (c.2, c.3))
+        .collect();
+    let quoted = |text: &str, nth: usize| text.split('"').nth(nth).map(str::to_owned);
+    let mut linked: std::collections::HashMap<String, usize> = Default::default();
+    let mut link_groups = 0;
+    let mut last_was_link = false;
+    for c in &calls {
+        let is_link = c.0 == "linkat";
+        if is_link {
+            // linkat(fd, "", dirfd, "NAME", …) or linkat(AT_FDCWD, "/proc/…", dirfd, "NAME", …)
+            let name = quoted(&c.1, 3).expect("linkat names its output");
+            linked.insert(name, c.3);
+            link_groups += usize::from(!last_was_link);
+        }
+        if is_link || c.0.contains("sync") {
+            last_was_link = is_link;
+        }
+    }
+    assert_eq!(linked.len(), N, "every output named once");
+    let mut removed = 0;
+    for c in calls.iter().filter(|c| c.0 == "renameat2") {
+        let from = quoted(&c.1, 1).unwrap();
+        if !quoted(&c.1, 3).unwrap().contains(".tpmcrypt-removing.") {
+            continue;
+        }
+        removed += 1;
+        let name = from.rsplit('/').next().unwrap();
+        let named_at = linked[&format!("{name}.tpmc")];
+        assert!(
+            syncs.iter().any(|&(b, e)| b > named_at && e < c.2),
+            "{from} was moved aside for removal with no sync between its output's name and it"
+        );
+    }
+    assert_eq!(removed, N);
+    // Many batches, and about one sync each (it was three: the data, the
+    // names, the removals).
+    assert!(link_groups >= 10, "{link_groups} batches");
+    assert!(
+        syncs.len() <= link_groups + 3,
+        "{} syncs for {link_groups} batches",
+        syncs.len()
+    );
+    // Every file is its ciphertext, which decrypts to what it was.
+    for k in 0..3 {
+        let names = listing(&d.join(format!("t{k}")));
+        assert_eq!(names.len(), N / 3, "{names:?}");
+        assert!(names.iter().all(|n| n.ends_with(".tpmc")), "{names:?}");
+    }
+    let back = run(d, &["decrypt", "-i", "id", "-o", "f151", "t1/f151.tpmc"]);
+    assert_ok(&back, "decrypt");
+    assert_eq!(fs::read(d.join("f151")).unwrap(), bytes(4096, 151));
+}
+
 /// A FUSE file system (here bindfs; sshfs, ntfs-3g, gocryptfs alike) does
 /// not pass `syncfs` on to its server, so a batch there is made durable by
 /// an fsync of each output (and of each directory), never by `syncfs`.
@@ -2369,7 +2488,27 @@ fn kill_during_in_place_never_loses_a_file() {
             a
         };
         args.push("-q");
-        let mut child = tpmcrypt(&trial)
+        let mut cmd = tpmcrypt(&trial);
+        if trials % 2 == 1 {
+            // Batches of about ten files (the open files are shared out
+            // among them), so that the kill lands among chained commits:
+            // one batch named while the one before loses its originals.
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let lim = libc::rlimit {
+                        rlim_cur: 96,
+                        rlim_max: 96,
+                    };
+                    match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+        }
+        let mut child = cmd
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

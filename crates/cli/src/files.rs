@@ -936,7 +936,9 @@ fn take(
         }
         Ok(Done::Pending(p)) => {
             if batch.push(p) {
-                commit(batch, tasks, opts, summary);
+                // One disk wait per batch: its names are made durable with
+                // the next batch's data (the run ends with a full commit).
+                commit_by(Batch::commit_chained, batch, tasks, opts, summary);
             }
         }
         Err(err) if err.is::<AlreadyEncrypted>() => {
@@ -951,8 +953,22 @@ fn take(
     }
 }
 
-/// Commits a batch (see [`crate::batch`]) and counts its outcomes.
+/// Commits a batch, and one chained before it, completely (see
+/// [`crate::batch`]), and counts their outcomes.
 fn commit(
+    batch: &mut Batch<(usize, u64)>,
+    tasks: &[Task],
+    opts: &RunOptions,
+    summary: &mut Summary,
+) {
+    commit_by(Batch::commit, batch, tasks, opts, summary)
+}
+
+type Outcomes = Vec<((usize, u64), Result<(), CommitError>)>;
+
+/// Commits with `how` and counts the outcomes it returns.
+fn commit_by(
+    how: fn(&mut Batch<(usize, u64)>) -> Outcomes,
     batch: &mut Batch<(usize, u64)>,
     tasks: &[Task],
     opts: &RunOptions,
@@ -962,7 +978,7 @@ fn commit(
         return;
     }
     let start = std::time::Instant::now();
-    let results = batch.commit();
+    let results = how(batch);
     summary.durable_wait += start.elapsed();
     for ((i, n), r) in results {
         let task = &tasks[i];
