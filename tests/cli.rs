@@ -488,6 +488,84 @@ fn outputs_are_named_after_their_data_is_durable_and_then_synced_again() {
     assert_eq!(fs::read(d.join("f07")).unwrap(), bytes(4096, 7));
 }
 
+/// A script that runs tpmcrypt once per file in a directory of thousands
+/// listed the whole directory in every process, for the temporaries of
+/// crashed runs (6 ms a run at 20,000 files, 4 × the rest of it). A run
+/// that finds a large directory clean now marks it, and the next runs
+/// do not list it; a run that leaves a temporary there (here: killed)
+/// removes the mark first, so the run after it lists the directory and
+/// removes the temporary.
+#[test]
+fn one_file_runs_list_a_large_directory_only_until_it_is_found_clean() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let big = d.join("big");
+    fs::create_dir(&big).unwrap();
+    for i in 0..2000 {
+        fs::write(big.join(format!("f{i:04}")), b"x").unwrap();
+    }
+    for name in ["a", "b", "c"] {
+        fs::write(big.join(name), bytes(16384, name.len() as u64)).unwrap();
+    }
+    let listings = |input: &str| -> usize {
+        let log = d.join(format!("strace-{input}.log"));
+        let status = common::wrapper(d, "strace")
+            .args(["-f", "-qq", "-o"])
+            .arg(&log)
+            .args(["-e", "trace=getdents64"])
+            .arg(common::bin())
+            .args(["encrypt", "--no-sync", "-R", &r])
+            .arg(big.join(input))
+            .status()
+            .expect("strace");
+        assert!(status.success(), "{status}");
+        fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("getdents64("))
+            .count()
+    };
+    assert!(listings("a") > 0, "the first run lists the directory");
+    assert_eq!(
+        listings("b"),
+        0,
+        "a run in a directory found clean lists nothing"
+    );
+    // A run killed while writing under a temporary name (replacing a file).
+    fs::write(big.join("out.tpmc"), b"old").unwrap();
+    let mut child = common::tpmcrypt(d)
+        .args(["encrypt", "-f", "-R", &r, "-o"])
+        .arg(big.join("out.tpmc"))
+        .arg("-")
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&bytes(4096, 9)).unwrap();
+    let is_temporary = |n: &str| n.starts_with(".out.tpmc.tpmcrypt-partial.");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !common::listing(&big).iter().any(|n| is_temporary(n)) {
+        assert!(Instant::now() < deadline, "no temporary appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    assert!(
+        listings("c") > 0,
+        "the run after a killed one lists the directory"
+    );
+    let left: Vec<String> = common::listing(&big)
+        .into_iter()
+        .filter(|n| n.contains("tpmcrypt"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the killed run's temporary is removed: {left:?}"
+    );
+    assert_eq!(fs::read(big.join("out.tpmc")).unwrap(), b"old");
+}
+
 /// A run of many batches makes each batch's names durable with the next
 /// batch's data, one disk wait per batch instead of three, and still
 /// removes no original before a sync that began after its output got its

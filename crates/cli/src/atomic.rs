@@ -534,22 +534,24 @@ fn under_temporary_name<T>(
     mut make: impl FnMut(&Path) -> io::Result<T>,
 ) -> io::Result<(PathBuf, T)> {
     let prefix = partial_prefix(name);
-    let mut last_err = None;
-    for _ in 0..16 {
-        let mut tmp_name = prefix.clone();
-        tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
-        let tmp = dir.join(tmp_name);
-        let mut list = pending();
-        match make(&tmp) {
-            Ok(made) => {
-                list.insert(tmp.clone());
-                return Ok((tmp, made));
+    naming_in(dir, || {
+        let mut last_err = None;
+        for _ in 0..16 {
+            let mut tmp_name = prefix.clone();
+            tmp_name.push(format!("{}.{:016x}", std::process::id(), random_u64()));
+            let tmp = dir.join(tmp_name);
+            let mut list = pending();
+            match make(&tmp) {
+                Ok(made) => {
+                    list.insert(tmp.clone());
+                    return Ok((tmp, made));
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
-            Err(e) => return Err(e),
         }
-    }
-    Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
+        Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
+    })
 }
 
 /// The checks made before an output is started: `dest` is not a directory,
@@ -876,8 +878,23 @@ pub(crate) fn random_u64() -> u64 {
 /// (`.NAME.tpmcrypt-partial.PID.` and 16 hex digits) of dead processes go;
 /// originals moved aside by dead processes are put back
 /// ([`restore_moved_aside`]), never removed.
-pub fn clean_stale_partials_once(dest: &Path) -> usize {
+///
+/// A directory that carries the clean mark ([`CLEAN_MARK`]) is not listed
+/// at all, unless this run will itself give it names of its own
+/// (`will_name`: it replaces a file, or removes originals): a script that
+/// runs tpmcrypt once per file in a directory of 20,000 files paid about
+/// 6 ms a process for the listing, 4 × the rest of a run. Every run that
+/// gives a directory such a name removes the mark first
+/// ([`naming_in`]), so a crashed run's leftovers are always listed by the
+/// next run. A listing that found nothing left, made under the
+/// directory's exclusive lock (no run was naming anything there
+/// meanwhile), sets the mark, in a directory of [`MARK_FROM`] names or
+/// more (a smaller one lists in less time than the mark takes). A sticky
+/// directory (`/tmp`) is always listed: a run may not be able to remove a
+/// mark there.
+pub fn clean_stale_partials_once(dest: &Path, will_name: bool) -> usize {
     use std::collections::HashSet;
+    use std::os::unix::fs::MetadataExt;
     use std::sync::OnceLock;
     static CLEANED: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
     let dir = parent_dir(dest).to_path_buf();
@@ -890,20 +907,194 @@ pub fn clean_stale_partials_once(dest: &Path) -> usize {
             return 0;
         }
     }
+    let opened = open_dir(&dir);
+    let markable = opened
+        .as_ref()
+        .and_then(|d| d.metadata().ok())
+        .is_some_and(|m| m.mode() & libc::S_ISVTX == 0);
+    if !will_name && markable && opened.as_ref().is_some_and(has_clean_mark) {
+        return 0;
+    }
+    // Held through the listing and the marking: a run naming something
+    // here holds the shared lock from before it removes the mark until
+    // its name exists, so either the listing sees the name or the mark
+    // set here is removed after.
+    let exclusive = match &opened {
+        Some(d) if markable && !will_name => flock(d, libc::LOCK_EX | libc::LOCK_NB),
+        _ => false,
+    };
+    let swept = sweep(&dir);
+    if swept.listed < MARK_FROM {
+        // Listed in microseconds: not worth a mark.
+        return swept.removed;
+    }
+    if let (true, 0, Some(d)) = (exclusive, swept.remaining, &opened) {
+        // What was removed or put back is durable before the mark is.
+        if swept.changed == 0 || d.sync_all().is_ok() {
+            set_clean_mark(d);
+            // A run that could not take the shared lock may have named
+            // something during the listing.
+            if sweep(&dir).remaining > 0 {
+                let _ = remove_clean_mark(d);
+            }
+        }
+    }
+    swept.removed
+}
+
+/// The size of directory, in names, from which a listing that found it
+/// clean marks it: a smaller one is listed in less time than the mark
+/// takes to set, and is left as it is.
+const MARK_FROM: usize = 256;
+
+/// What a listing of a directory for leftovers did and found.
+struct Swept {
+    /// Temporaries of dead processes removed.
+    removed: usize,
+    /// Names removed or put back.
+    changed: usize,
+    /// Names of tpmcrypt's own still there: of live processes, or that
+    /// could not be removed or put back.
+    remaining: usize,
+    /// Names in the directory, `.` and `..` included.
+    listed: usize,
+}
+
+/// Lists `dir` once for the leftovers of crashed runs: removes their
+/// temporaries and puts back their moved-aside originals.
+fn sweep(dir: &Path) -> Swept {
+    let mut swept = Swept {
+        removed: 0,
+        changed: 0,
+        remaining: 0,
+        listed: 0,
+    };
     // Both kinds of name are hidden ones (`parse_marked`).
-    let mut removed = 0;
-    let _ = crate::dirscan::for_each_hidden_name(&dir, |name| {
+    let listed = crate::dirscan::for_each_hidden_name(dir, |name| {
         let path = dir.join(name);
-        let Some(pid) = stale_temporary_pid(name.as_bytes()) else {
+        if let Some(pid) = stale_temporary_pid(name.as_bytes()) {
+            if !pid_alive(pid) && fs::remove_file(&path).is_ok() {
+                swept.removed += 1;
+                swept.changed += 1;
+            } else {
+                swept.remaining += 1;
+            }
+        } else if parse_aside(name).is_some() {
             // An original moved aside is never removed: put back, or kept.
-            restore_moved_aside(&path);
-            return;
-        };
-        if !pid_alive(pid) && fs::remove_file(&path).is_ok() {
-            removed += 1;
+            match restore_moved_aside(&path) {
+                Restored::Back(_) => swept.changed += 1,
+                Restored::NotOurs | Restored::Left => swept.remaining += 1,
+            }
         }
     });
-    removed
+    match listed {
+        Ok(n) => swept.listed = n,
+        // Not known to be clean.
+        Err(_) => swept.remaining += 1,
+    }
+    swept
+}
+
+/// The extended attribute that marks a directory in which the last run
+/// that listed it, holding its exclusive lock, found no name of
+/// tpmcrypt's own (a temporary, an original moved aside): see
+/// [`clean_stale_partials_once`]. Its value is not read.
+pub const CLEAN_MARK: &std::ffi::CStr = c"user.tpmcrypt.clean";
+
+/// `dir` opened for its lock and its mark (following symbolic links, as
+/// the paths of its files do); None where it cannot be.
+fn open_dir(dir: &Path) -> Option<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .ok()
+}
+
+fn flock(dir: &impl std::os::fd::AsRawFd, op: libc::c_int) -> bool {
+    // SAFETY: flock on an open descriptor.
+    unsafe { libc::flock(dir.as_raw_fd(), op) == 0 }
+}
+
+fn has_clean_mark(dir: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a size query (no buffer) on an open descriptor.
+    unsafe {
+        libc::fgetxattr(
+            dir.as_raw_fd(),
+            CLEAN_MARK.as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        ) >= 0
+    }
+}
+
+/// Sets the mark; where it cannot be set (no extended attributes, no
+/// right to), the directory is listed by every run, as before.
+fn set_clean_mark(dir: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a one-byte value from a live buffer, on an open descriptor.
+    unsafe {
+        libc::fsetxattr(
+            dir.as_raw_fd(),
+            CLEAN_MARK.as_ptr(),
+            b"1".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+}
+
+/// Removes the mark, durably when there was one: a crash must not leave a
+/// name of ours in a directory whose mark says there is none.
+fn remove_clean_mark(dir: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+    // SAFETY: an attribute name on an open descriptor.
+    if unsafe { libc::fremovexattr(dir.as_raw_fd(), CLEAN_MARK.as_ptr()) } != 0 {
+        // None there (ENODATA), or none possible: nothing to undo. A mark
+        // this user may not remove is only in a sticky directory, where
+        // none is trusted.
+        return Ok(());
+    }
+    // SAFETY: fsync on an open descriptor.
+    match unsafe { libc::fsync(dir.as_raw_fd()) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Runs `make`, which gives directory `dir` a name of tpmcrypt's own (a
+/// temporary, an original moved aside), with the directory's clean mark
+/// removed first (see [`clean_stale_partials_once`]).
+pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    match open_dir(dir) {
+        Some(d) => naming_in_fd(&d, make),
+        // Nothing can be marked through a path that cannot be opened.
+        None => make(),
+    }
+}
+
+/// [`naming_in`], for a directory already open. The directory's shared
+/// lock is held until the name exists, so that a run listing it under
+/// the exclusive lock either sees the name or sets its mark before this
+/// one removes it. The lock is not waited for: anyone who may read a
+/// directory may lock it, and the watch daemon holds its DEST's
+/// exclusively. Without it, the mark is removed again once the name
+/// exists, and the listing run lists once more after marking (what is
+/// left is a crash in the microseconds between the two, during such a
+/// listing: its name is then found by the next run that names anything
+/// there, or walks it with `-r`).
+pub fn naming_in_fd<T>(
+    dir: &impl std::os::fd::AsRawFd,
+    make: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
+    let locked = flock(dir, libc::LOCK_SH | libc::LOCK_NB);
+    let made = remove_clean_mark(dir).and_then(|()| make());
+    if locked {
+        flock(dir, libc::LOCK_UN);
+    } else if made.is_ok() {
+        remove_clean_mark(dir)?;
+    }
+    made
 }
 
 /// The PID in a name of the exact form of a temporary, if it is one.
@@ -1117,7 +1308,7 @@ mod tests {
         let mut stale = partial_prefix(e9.file_name().unwrap());
         stale.push("2147483646.00000000000000ff");
         fs::write(dir.path().join(&stale), b"x").unwrap();
-        assert_eq!(clean_stale_partials_once(&e8), 1);
+        assert_eq!(clean_stale_partials_once(&e8, false), 1);
         assert!(!dir.path().join(&stale).exists());
         // Shortened names stay within the limit and keep whole characters.
         let long = OsString::from("é".repeat(127));
@@ -1199,7 +1390,7 @@ mod tests {
         for n in [&dead, &other, &lookalike, &live] {
             fs::write(dir.path().join(n), b"x").unwrap();
         }
-        assert_eq!(clean_stale_partials_once(&dest), 2);
+        assert_eq!(clean_stale_partials_once(&dest, false), 2);
         for (n, kept) in [
             (&dead, false),
             (&other, false),
@@ -1210,7 +1401,10 @@ mod tests {
         }
         // Once per directory: a new leftover waits for the next run.
         fs::write(dir.path().join(&dead), b"x").unwrap();
-        assert_eq!(clean_stale_partials_once(&dir.path().join("g.tpmc")), 0);
+        assert_eq!(
+            clean_stale_partials_once(&dir.path().join("g.tpmc"), false),
+            0
+        );
     }
 
     #[test]
@@ -1227,8 +1421,127 @@ mod tests {
         ));
         fs::write(&stale, b"x").unwrap();
         fs::write(&live, b"x").unwrap();
-        assert_eq!(clean_stale_partials_once(&dest), 1);
+        assert_eq!(clean_stale_partials_once(&dest, false), 1);
         assert!(!stale.exists());
         assert!(live.exists());
+    }
+
+    /// A directory of `n` files (enough names to be marked when n ≥ 256).
+    fn big_dir(n: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..n {
+            fs::write(dir.path().join(format!("f{i}")), b"").unwrap();
+        }
+        dir
+    }
+
+    /// `name` in `dir` by a path never used before (through a new symbolic
+    /// link in `dir` to itself): each clean-up runs once per directory path and
+    /// process, and a new path stands for the next process.
+    fn via_new_path(dir: &Path, name: &str) -> PathBuf {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let link = dir.join(format!("link{}", N.fetch_add(1, Ordering::Relaxed)));
+        std::os::unix::fs::symlink(dir, &link).unwrap();
+        link.join(name)
+    }
+
+    fn marked(dir: &Path) -> bool {
+        has_clean_mark(&open_dir(dir).unwrap())
+    }
+
+    /// A leftover of a dead run, of the exact form of a temporary.
+    fn dead_temporary(dir: &Path) -> PathBuf {
+        dir.join(format!(
+            ".g.tpmc{PARTIAL_MARKER}2147483646.00000000000000aa"
+        ))
+    }
+
+    #[test]
+    fn a_large_directory_found_clean_is_marked_and_a_run_naming_something_there_unmarks_it() {
+        let dir = big_dir(300);
+        let d = dir.path();
+        assert_eq!(clean_stale_partials_once(&d.join("x.tpmc"), false), 0);
+        assert!(marked(d), "a clean directory of 300 names is marked");
+        // A run gives it a name of its own, then dies: the mark is gone,
+        // so the next run (here: another path to the same directory, as a
+        // new process would) lists it and removes the leftover.
+        let stale = dead_temporary(d);
+        naming_in(d, || fs::write(&stale, b"x")).unwrap();
+        assert!(!marked(d), "naming something removes the mark");
+        assert_eq!(
+            clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false),
+            1
+        );
+        assert!(!stale.exists());
+        assert!(marked(d), "marked again once clean");
+        // Through an open directory (the watch daemon's way) as well.
+        let fd = open_dir(d).unwrap();
+        naming_in_fd(&fd, || Ok(())).unwrap();
+        assert!(!marked(d));
+    }
+
+    #[test]
+    fn a_marked_directory_is_not_listed_unless_the_run_names_things_there() {
+        let dir = big_dir(300);
+        let d = dir.path();
+        clean_stale_partials_once(&d.join("x.tpmc"), false);
+        assert!(marked(d));
+        // Planted without removing the mark (no run of tpmcrypt does
+        // that): a run trusting the mark does not list the directory.
+        let stale = dead_temporary(d);
+        fs::write(&stale, b"x").unwrap();
+        assert_eq!(
+            clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false),
+            0
+        );
+        assert!(stale.exists(), "not listed");
+        // A run that will name things there lists it all the same.
+        assert_eq!(
+            clean_stale_partials_once(&via_new_path(d, "x.tpmc"), true),
+            1
+        );
+        assert!(!stale.exists());
+    }
+
+    #[test]
+    fn no_mark_while_a_name_of_a_live_run_is_there_or_one_is_being_made() {
+        let dir = big_dir(300);
+        let d = dir.path();
+        let live = d.join(format!(
+            ".g.tpmc{PARTIAL_MARKER}{}.00000000000000bb",
+            std::process::id()
+        ));
+        fs::write(&live, b"x").unwrap();
+        clean_stale_partials_once(&d.join("x.tpmc"), false);
+        assert!(!marked(d), "a live run's temporary is there");
+        fs::remove_file(&live).unwrap();
+        // A run between removing the mark and making its name holds the
+        // shared lock: the listing does not mark.
+        let held = open_dir(d).unwrap();
+        assert!(flock(&held, libc::LOCK_SH | libc::LOCK_NB));
+        clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
+        assert!(!marked(d), "a run is naming something");
+        drop(held);
+        clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
+        assert!(marked(d));
+    }
+
+    #[test]
+    fn small_and_sticky_directories_are_never_marked() {
+        let small = big_dir(10);
+        clean_stale_partials_once(&small.path().join("x.tpmc"), false);
+        assert!(!marked(small.path()));
+        let sticky = big_dir(300);
+        fs::set_permissions(sticky.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        clean_stale_partials_once(&sticky.path().join("x.tpmc"), false);
+        assert!(!marked(sticky.path()));
+        // And a mark found in one is not trusted.
+        set_clean_mark(&open_dir(sticky.path()).unwrap());
+        let stale = dead_temporary(sticky.path());
+        fs::write(&stale, b"x").unwrap();
+        assert_eq!(
+            clean_stale_partials_once(&via_new_path(sticky.path(), "x.tpmc"), false),
+            1
+        );
     }
 }

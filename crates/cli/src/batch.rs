@@ -637,7 +637,10 @@ fn remove_original(o: &Original) -> anyhow::Result<()> {
         .file_name()
         .context("removing the original: no file name")?;
     let aside = atomic::parent_dir(&o.path).join(atomic::aside_name(name, atomic::ASIDE_MARKER));
-    atomic::rename_noreplace(&o.path, &aside).context("removing the original")?;
+    atomic::naming_in(atomic::parent_dir(&o.path), || {
+        atomic::rename_noreplace(&o.path, &aside)
+    })
+    .context("removing the original")?;
     // The rename itself changes the ctime; everything else must be as read.
     let unchanged_but_renamed = || {
         o.file.metadata().is_ok_and(|m| {

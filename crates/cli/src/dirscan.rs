@@ -24,8 +24,9 @@ impl Drop for Dir {
 
 /// Calls `each` with every name in `dir` that starts with `.`, except `.`
 /// and `..`, in directory order. Names the callback removes or adds may or
-/// may not be seen (as with `read_dir`).
-pub fn for_each_hidden_name(dir: &Path, mut each: impl FnMut(&OsStr)) -> io::Result<()> {
+/// may not be seen (as with `read_dir`). Returns how many names the
+/// directory listed, `.` and `..` included.
+pub fn for_each_hidden_name(dir: &Path, mut each: impl FnMut(&OsStr)) -> io::Result<usize> {
     let path = CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in a path"))?;
     // SAFETY: a valid NUL-terminated path; glibc opens it O_CLOEXEC.
@@ -34,6 +35,7 @@ pub fn for_each_hidden_name(dir: &Path, mut each: impl FnMut(&OsStr)) -> io::Res
         return Err(io::Error::last_os_error());
     }
     let stream = Dir(stream);
+    let mut listed = 0;
     loop {
         // SAFETY: errno is thread-local; readdir's stream is ours alone.
         let entry = unsafe {
@@ -43,12 +45,13 @@ pub fn for_each_hidden_name(dir: &Path, mut each: impl FnMut(&OsStr)) -> io::Res
         if entry.is_null() {
             let err = io::Error::last_os_error();
             return match err.raw_os_error() {
-                Some(0) | None => Ok(()),
+                Some(0) | None => Ok(listed),
                 Some(_) => Err(err),
             };
         }
         // SAFETY: d_name is NUL-terminated and valid until the next readdir.
         let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) }.to_bytes();
+        listed += 1;
         if name.first() == Some(&b'.') && name != b"." && name != b".." {
             each(OsStr::from_bytes(name));
         }
@@ -87,6 +90,8 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_eq!(got.len(), 4);
+        let all = for_each_hidden_name(dir.path(), |_| {}).unwrap();
+        assert_eq!(all, std::fs::read_dir(dir.path()).unwrap().count() + 2);
         let missing = for_each_hidden_name(&dir.path().join("none"), |_| {});
         assert_eq!(missing.unwrap_err().kind(), io::ErrorKind::NotFound);
     }

@@ -1302,8 +1302,10 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
         bar,
     } = new;
     let opts = transfer.opts;
-    atomic::clean_stale_partials_once(dest);
     let replace = opts.force || crate::replace::replaces_input(transfer.task);
+    // A run that names things here itself (a temporary, an original
+    // moved aside) always lists the directory.
+    atomic::clean_stale_partials_once(dest, replace || opts.in_place);
     let out = match replace {
         true => AtomicFile::create(dest, mode, true),
         // The usual case: a new name, written with none until it is done.

@@ -567,7 +567,7 @@ pub fn remove_source(
             _ => return Ok(false),
         }
         let aside = fsio::aside_name(name, fsio::ASIDE_MARKER);
-        match fsio::rename_noreplace(dir, name, &aside) {
+        match crate::atomic::naming_in_fd(dir, || fsio::rename_noreplace(dir, name, &aside)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
