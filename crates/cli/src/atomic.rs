@@ -1065,12 +1065,56 @@ fn remove_clean_mark(dir: &impl std::os::fd::AsRawFd) -> io::Result<()> {
 /// Runs `make`, which gives directory `dir` a name of tpmcrypt's own (a
 /// temporary, an original moved aside), with the directory's clean mark
 /// removed first (see [`clean_stale_partials_once`]).
+///
+/// A thread keeps the shared lock of the last directory it named
+/// something in (while it holds it, no run marks that directory), so that
+/// the originals of one directory removed one after another cost a `stat`
+/// each, not an open, two locks and a removal.
 pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    match open_dir(dir) {
-        Some(d) => naming_in_fd(&d, make),
-        // Nothing can be marked through a path that cannot be opened.
-        None => make(),
+    use std::cell::RefCell;
+    use std::os::unix::fs::MetadataExt;
+    thread_local! {
+        /// The directory this thread holds the shared lock of: its path,
+        /// device and inode, and the descriptor the lock is on.
+        static HELD: RefCell<Option<(PathBuf, u64, u64, File)>> = const { RefCell::new(None) };
     }
+    let Ok(now) = fs::metadata(dir) else {
+        // Nothing can be marked through a path that cannot be followed.
+        return make();
+    };
+    let held = HELD.with_borrow(|h| {
+        h.as_ref()
+            .is_some_and(|(p, dev, ino, _)| p == dir && (*dev, *ino) == (now.dev(), now.ino()))
+    });
+    if held {
+        return make();
+    }
+    let Some(d) = open_dir(dir) else {
+        return make();
+    };
+    if !flock(&d, libc::LOCK_SH | libc::LOCK_NB) {
+        return naming_unlocked(&d, make);
+    }
+    remove_clean_mark(&d)?;
+    let made = make();
+    if let Ok(m) = d.metadata() {
+        // The one held before is released as its descriptor closes.
+        HELD.with_borrow_mut(|h| *h = Some((dir.to_path_buf(), m.dev(), m.ino(), d)));
+    }
+    made
+}
+
+/// Without the shared lock: the mark is removed before and again after
+/// the name exists (see [`naming_in_fd`]).
+fn naming_unlocked<T>(
+    dir: &impl std::os::fd::AsRawFd,
+    make: impl FnOnce() -> io::Result<T>,
+) -> io::Result<T> {
+    let made = remove_clean_mark(dir).and_then(|()| make());
+    if made.is_ok() {
+        remove_clean_mark(dir)?;
+    }
+    made
 }
 
 /// [`naming_in`], for a directory already open. The directory's shared
@@ -1087,13 +1131,11 @@ pub fn naming_in_fd<T>(
     dir: &impl std::os::fd::AsRawFd,
     make: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    let locked = flock(dir, libc::LOCK_SH | libc::LOCK_NB);
-    let made = remove_clean_mark(dir).and_then(|()| make());
-    if locked {
-        flock(dir, libc::LOCK_UN);
-    } else if made.is_ok() {
-        remove_clean_mark(dir)?;
+    if !flock(dir, libc::LOCK_SH | libc::LOCK_NB) {
+        return naming_unlocked(dir, make);
     }
+    let made = remove_clean_mark(dir).and_then(|()| make());
+    flock(dir, libc::LOCK_UN);
     made
 }
 
@@ -1465,9 +1507,21 @@ mod tests {
         // A run gives it a name of its own, then dies: the mark is gone,
         // so the next run (here: another path to the same directory, as a
         // new process would) lists it and removes the leftover.
+        // On a thread of its own, as a run: a thread keeps the lock of the
+        // last directory it named something in until it ends.
         let stale = dead_temporary(d);
-        naming_in(d, || fs::write(&stale, b"x")).unwrap();
-        assert!(!marked(d), "naming something removes the mark");
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                naming_in(d, || fs::write(&stale, b"x")).unwrap();
+                naming_in(d, || Ok(())).unwrap();
+                assert!(!marked(d), "naming something removes the mark");
+                let held = open_dir(d).unwrap();
+                assert!(
+                    !flock(&held, libc::LOCK_EX | libc::LOCK_NB),
+                    "the shared lock is kept"
+                );
+            });
+        });
         assert_eq!(
             clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false),
             1
