@@ -998,7 +998,10 @@ fn sweep(dir: &Path) -> Swept {
 /// The extended attribute that marks a directory in which the last run
 /// that listed it, holding its exclusive lock, found no name of
 /// tpmcrypt's own (a temporary, an original moved aside): see
-/// [`clean_stale_partials_once`]. Its value is not read.
+/// [`clean_stale_partials_once`]. Its value is the directory's device and
+/// inode (16 bytes): a mark copied with the directory (`cp -a`,
+/// `rsync -X`, `tar --xattrs`) onto one that may hold leftovers is not
+/// trusted.
 pub const CLEAN_MARK: &std::ffi::CStr = c"user.tpmcrypt.clean";
 
 /// `dir` opened for its lock and its mark (following symbolic links, as
@@ -1016,30 +1019,45 @@ fn flock(dir: &impl std::os::fd::AsRawFd, op: libc::c_int) -> bool {
     unsafe { libc::flock(dir.as_raw_fd(), op) == 0 }
 }
 
+/// The value of the mark for directory `dir`: its device and inode.
+fn mark_value(dir: &File) -> Option<[u8; 16]> {
+    use std::os::unix::fs::MetadataExt;
+    let m = dir.metadata().ok()?;
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&m.dev().to_le_bytes());
+    v[8..].copy_from_slice(&m.ino().to_le_bytes());
+    Some(v)
+}
+
+/// Whether `dir` carries a mark set on this very directory.
 fn has_clean_mark(dir: &File) -> bool {
     use std::os::fd::AsRawFd;
-    // SAFETY: a size query (no buffer) on an open descriptor.
-    unsafe {
+    let mut got = [0u8; 17];
+    // SAFETY: reads at most got.len() bytes into a live buffer, on an open
+    // descriptor.
+    let n = unsafe {
         libc::fgetxattr(
             dir.as_raw_fd(),
             CLEAN_MARK.as_ptr(),
-            std::ptr::null_mut(),
-            0,
-        ) >= 0
-    }
+            got.as_mut_ptr().cast(),
+            got.len(),
+        )
+    };
+    n == 16 && mark_value(dir).is_some_and(|v| got[..16] == v)
 }
 
 /// Sets the mark; where it cannot be set (no extended attributes, no
 /// right to), the directory is listed by every run, as before.
 fn set_clean_mark(dir: &File) {
     use std::os::fd::AsRawFd;
-    // SAFETY: a one-byte value from a live buffer, on an open descriptor.
+    let Some(v) = mark_value(dir) else { return };
+    // SAFETY: a 16-byte value from a live buffer, on an open descriptor.
     unsafe {
         libc::fsetxattr(
             dir.as_raw_fd(),
             CLEAN_MARK.as_ptr(),
-            b"1".as_ptr().cast(),
-            1,
+            v.as_ptr().cast(),
+            v.len(),
             0,
         )
     };
@@ -1062,77 +1080,55 @@ fn remove_clean_mark(dir: &impl std::os::fd::AsRawFd) -> io::Result<()> {
     }
 }
 
-/// Runs `make`, which gives directory `dir` a name of tpmcrypt's own (a
-/// temporary, an original moved aside), with the directory's clean mark
-/// removed first (see [`clean_stale_partials_once`]).
-///
-/// A thread keeps the shared lock of the last directory it named
-/// something in (while it holds it, no run marks that directory), so that
-/// the originals of one directory removed one after another cost a `stat`
-/// each, not an open, two locks and a removal.
-pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    use std::cell::RefCell;
-    use std::os::unix::fs::MetadataExt;
-    thread_local! {
-        /// The directory this thread holds the shared lock of: its path,
-        /// device and inode, and the descriptor the lock is on.
-        static HELD: RefCell<Option<(PathBuf, u64, u64, File)>> = const { RefCell::new(None) };
+/// Removes the mark of a directory this user may write to but not read
+/// (a drop box), by its path: it cannot be opened, locked or synced.
+fn remove_clean_mark_by_path(dir: &Path) {
+    if let Ok(c) = cstring(dir) {
+        // SAFETY: two valid NUL-terminated strings.
+        unsafe { libc::removexattr(c.as_ptr(), CLEAN_MARK.as_ptr()) };
     }
-    let Ok(now) = fs::metadata(dir) else {
-        // Nothing can be marked through a path that cannot be followed.
-        return make();
-    };
-    let held = HELD.with_borrow(|h| {
-        h.as_ref()
-            .is_some_and(|(p, dev, ino, _)| p == dir && (*dev, *ino) == (now.dev(), now.ino()))
-    });
-    if held {
-        return make();
-    }
-    let Some(d) = open_dir(dir) else {
-        return make();
-    };
-    if !flock(&d, libc::LOCK_SH | libc::LOCK_NB) {
-        return naming_unlocked(&d, make);
-    }
-    remove_clean_mark(&d)?;
-    let made = make();
-    if let Ok(m) = d.metadata() {
-        // The one held before is released as its descriptor closes.
-        HELD.with_borrow_mut(|h| *h = Some((dir.to_path_buf(), m.dev(), m.ino(), d)));
-    }
-    made
 }
 
-/// Without the shared lock: the mark is removed before and again after
-/// the name exists (see [`naming_in_fd`]).
-fn naming_unlocked<T>(
-    dir: &impl std::os::fd::AsRawFd,
-    make: impl FnOnce() -> io::Result<T>,
-) -> io::Result<T> {
-    let made = remove_clean_mark(dir).and_then(|()| make());
-    if made.is_ok() {
-        remove_clean_mark(dir)?;
+/// Runs `make`, which gives directory `dir` a name of tpmcrypt's own (a
+/// temporary, an original moved aside), with the directory's clean mark
+/// removed first (see [`naming_in_fd`]).
+pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    match open_dir(dir) {
+        Some(d) => naming_in_fd(&d, make),
+        None => {
+            // Not readable: no lock, and the mark (which no run of this
+            // user could set: setting it needs a listing) removed before
+            // and after by path.
+            remove_clean_mark_by_path(dir);
+            let made = make();
+            remove_clean_mark_by_path(dir);
+            made
+        }
     }
-    made
 }
 
 /// [`naming_in`], for a directory already open. The directory's shared
 /// lock is held until the name exists, so that a run listing it under
 /// the exclusive lock either sees the name or sets its mark before this
-/// one removes it. The lock is not waited for: anyone who may read a
-/// directory may lock it, and the watch daemon holds its DEST's
-/// exclusively. Without it, the mark is removed again once the name
-/// exists, and the listing run lists once more after marking (what is
-/// left is a crash in the microseconds between the two, during such a
+/// one removes it; it is released at once (a lock kept would stop a
+/// watch daemon from taking its DEST). It is not waited for: anyone who
+/// may read a directory may lock it, and the watch daemon holds its
+/// DEST's exclusively. Without it, the mark is removed again once the
+/// name exists, and the listing run lists once more after marking (what
+/// is left is a crash in the microseconds between the two, during such a
 /// listing: its name is then found by the next run that names anything
-/// there, or walks it with `-r`).
+/// there; a `-r` walk puts back moved-aside originals but leaves
+/// temporaries).
 pub fn naming_in_fd<T>(
     dir: &impl std::os::fd::AsRawFd,
     make: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
     if !flock(dir, libc::LOCK_SH | libc::LOCK_NB) {
-        return naming_unlocked(dir, make);
+        let made = remove_clean_mark(dir).and_then(|()| make());
+        if made.is_ok() {
+            remove_clean_mark(dir)?;
+        }
+        return made;
     }
     let made = remove_clean_mark(dir).and_then(|()| make());
     flock(dir, libc::LOCK_UN);
@@ -1507,21 +1503,15 @@ mod tests {
         // A run gives it a name of its own, then dies: the mark is gone,
         // so the next run (here: another path to the same directory, as a
         // new process would) lists it and removes the leftover.
-        // On a thread of its own, as a run: a thread keeps the lock of the
-        // last directory it named something in until it ends.
         let stale = dead_temporary(d);
-        std::thread::scope(|t| {
-            t.spawn(|| {
-                naming_in(d, || fs::write(&stale, b"x")).unwrap();
-                naming_in(d, || Ok(())).unwrap();
-                assert!(!marked(d), "naming something removes the mark");
-                let held = open_dir(d).unwrap();
-                assert!(
-                    !flock(&held, libc::LOCK_EX | libc::LOCK_NB),
-                    "the shared lock is kept"
-                );
-            });
-        });
+        naming_in(d, || fs::write(&stale, b"x")).unwrap();
+        assert!(!marked(d), "naming something removes the mark");
+        let lock = open_dir(d).unwrap();
+        assert!(
+            flock(&lock, libc::LOCK_EX | libc::LOCK_NB),
+            "the shared lock is released (a watch daemon takes its DEST's)"
+        );
+        drop(lock);
         assert_eq!(
             clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false),
             1
@@ -1578,6 +1568,54 @@ mod tests {
         drop(held);
         clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
         assert!(marked(d));
+    }
+
+    #[test]
+    fn a_mark_copied_onto_another_directory_is_not_trusted() {
+        let dir = big_dir(300);
+        let d = dir.path();
+        clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
+        assert!(marked(d));
+        // As `cp -a` would: the same value on a directory holding an
+        // original a killed --in-place run moved aside.
+        let copy = big_dir(300);
+        let c = copy.path();
+        let value = {
+            let mut v = [0u8; 16];
+            let f = open_dir(d).unwrap();
+            use std::os::fd::AsRawFd;
+            // SAFETY: reads 16 bytes into a live buffer.
+            let n = unsafe {
+                libc::fgetxattr(
+                    f.as_raw_fd(),
+                    CLEAN_MARK.as_ptr(),
+                    v.as_mut_ptr().cast(),
+                    16,
+                )
+            };
+            assert_eq!(n, 16);
+            v
+        };
+        {
+            let f = open_dir(c).unwrap();
+            use std::os::fd::AsRawFd;
+            // SAFETY: writes 16 bytes from a live buffer.
+            let rc = unsafe {
+                libc::fsetxattr(
+                    f.as_raw_fd(),
+                    CLEAN_MARK.as_ptr(),
+                    value.as_ptr().cast(),
+                    16,
+                    0,
+                )
+            };
+            assert_eq!(rc, 0);
+        }
+        let aside = c.join(".notes.tpmcrypt-removing.2147483646.0123456789abcdef");
+        fs::write(&aside, b"precious").unwrap();
+        assert!(!marked(c), "a mark of another directory");
+        clean_stale_partials_once(&via_new_path(c, "x.tpmc"), false);
+        assert_eq!(fs::read(c.join("notes")).unwrap(), b"precious", "put back");
     }
 
     #[test]

@@ -241,6 +241,13 @@ fn try_lock(f: &File) -> bool {
 /// their state directories.
 fn lock_dest(dest: &Path) -> anyhow::Result<File> {
     let f = File::open(dest).with_context(|| show(dest))?;
+    // A run that names something in DEST holds its shared lock for the
+    // microseconds that takes (`atomic::naming_in`): not another daemon.
+    let mut tries = 0;
+    while !try_lock(&f) && tries < 50 {
+        tries += 1;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     if !try_lock(&f) {
         return Err(anyhow::anyhow!(
             "{}: another tpmcrypt watch is using this DEST",
