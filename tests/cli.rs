@@ -488,6 +488,59 @@ fn outputs_are_named_after_their_data_is_durable_and_then_synced_again() {
     assert_eq!(fs::read(d.join("f07")).unwrap(), bytes(4096, 7));
 }
 
+/// A `-r` walk of a directory marked clean removes a dead run's temporary
+/// and puts back its moved-aside original, as the listing of an unmarked
+/// one does (before, the walk only skipped the temporary).
+#[test]
+fn a_walk_of_a_marked_directory_cleans_what_crashed_runs_left() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let big = d.join("big");
+    fs::create_dir(&big).unwrap();
+    for i in 0..300 {
+        fs::write(big.join(format!("f{i:03}")), b"x").unwrap();
+    }
+    fs::write(big.join("a"), b"a").unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "--no-sync", "-R", &r, "big/a"]),
+        "marks",
+    );
+    let mark = xattr(&big);
+    assert!(mark.is_some(), "the directory is marked");
+    fs::remove_file(big.join("a")).unwrap();
+    // Left as a killed run leaves them (PID 2147483646 is never alive),
+    // the mark kept as if it had been set after them (a copy, a race).
+    let temporary = big.join(".g.tpmc.tpmcrypt-partial.2147483646.00000000000000aa");
+    let aside = big.join(".notes.tpmcrypt-removing.2147483646.0123456789abcdef");
+    fs::write(&temporary, b"partial").unwrap();
+    fs::write(&aside, b"precious").unwrap();
+    assert_eq!(xattr(&big), mark);
+    assert_ok(
+        &run(d, &["encrypt", "--no-sync", "-R", &r, "-r", "big"]),
+        "walk",
+    );
+    assert!(!temporary.exists(), "the dead run's temporary is removed");
+    assert!(!aside.exists());
+    assert!(big.join("notes.tpmc").exists() || big.join("notes").exists());
+}
+
+/// The value of `user.tpmcrypt.clean` on `dir`, if any.
+fn xattr(dir: &Path) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a live buffer of its length.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"user.tpmcrypt.clean".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
 /// A script that runs tpmcrypt once per file in a directory of thousands
 /// listed the whole directory in every process, for the temporaries of
 /// crashed runs (6 ms a run at 20,000 files, 4 × the rest of it). A run

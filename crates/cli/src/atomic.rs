@@ -1117,8 +1117,7 @@ pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Res
 /// name exists, and the listing run lists once more after marking (what
 /// is left is a crash in the microseconds between the two, during such a
 /// listing: its name is then found by the next run that names anything
-/// there; a `-r` walk puts back moved-aside originals but leaves
-/// temporaries).
+/// there or walks it with `-r`).
 pub fn naming_in_fd<T>(
     dir: &impl std::os::fd::AsRawFd,
     make: impl FnOnce() -> io::Result<T>,
@@ -1133,6 +1132,13 @@ pub fn naming_in_fd<T>(
     let made = remove_clean_mark(dir).and_then(|()| make());
     flock(dir, libc::LOCK_UN);
     made
+}
+
+/// Removes `path`, named `name`, if it is a temporary of a process no
+/// longer alive (as [`clean_stale_partials_once`] would): a `-r` walk
+/// that meets one removes it, also in a directory marked clean.
+pub fn remove_if_stale_temporary(path: &Path, name: &[u8]) -> bool {
+    stale_temporary_pid(name).is_some_and(|pid| !pid_alive(pid) && fs::remove_file(path).is_ok())
 }
 
 /// The PID in a name of the exact form of a temporary, if it is one.

@@ -478,6 +478,9 @@ fn walk(dir: &Path, naming: Naming, found: &mut Walked) -> io::Result<()> {
         } else if !ft.is_file() {
             "not a regular file"
         } else if atomic::is_temporary_name(name) {
+            // Removed if its process is gone (the directory may be marked
+            // clean, and then not listed for it: see atomic.rs).
+            atomic::remove_if_stale_temporary(&path, name);
             "a temporary of an interrupted run"
         } else if atomic::parse_aside(OsStr::from_bytes(name)).is_some() {
             // Put back under its name if its run was interrupted (never
