@@ -908,12 +908,12 @@ pub fn clean_stale_partials_once(dest: &Path, will_name: bool) -> usize {
         }
     }
     let opened = open_dir(&dir);
-    let markable = opened
-        .as_ref()
-        .and_then(|d| d.metadata().ok())
-        .is_some_and(|m| m.mode() & libc::S_ISVTX == 0);
-    if !will_name && markable && opened.as_ref().is_some_and(has_clean_mark) {
-        return 0;
+    let meta = opened.as_ref().and_then(|d| d.metadata().ok());
+    let markable = meta.as_ref().is_some_and(|m| m.mode() & libc::S_ISVTX == 0);
+    if let (false, true, Some(d), Some(m)) = (will_name, markable, &opened, &meta) {
+        if has_clean_mark(d, m) {
+            return 0;
+        }
     }
     // Held through the listing and the marking: a run naming something
     // here holds the shared lock from before it removes the mark until
@@ -928,10 +928,10 @@ pub fn clean_stale_partials_once(dest: &Path, will_name: bool) -> usize {
         // Listed in microseconds: not worth a mark.
         return swept.removed;
     }
-    if let (true, 0, Some(d)) = (exclusive, swept.remaining, &opened) {
+    if let (true, 0, Some(d), Some(m)) = (exclusive, swept.remaining, &opened, &meta) {
         // What was removed or put back is durable before the mark is.
-        if swept.changed == 0 || d.sync_all().is_ok() {
-            set_clean_mark(d);
+        if swept.removed + swept.restored == 0 || d.sync_all().is_ok() {
+            write_mark(d, &mark_value(m));
             // A run that could not take the shared lock may have named
             // something during the listing.
             if sweep(&dir).remaining > 0 {
@@ -951,8 +951,8 @@ const MARK_FROM: usize = 256;
 struct Swept {
     /// Temporaries of dead processes removed.
     removed: usize,
-    /// Names removed or put back.
-    changed: usize,
+    /// Originals moved aside by dead processes put back.
+    restored: usize,
     /// Names of tpmcrypt's own still there: of live processes, or that
     /// could not be removed or put back.
     remaining: usize,
@@ -965,24 +965,22 @@ struct Swept {
 fn sweep(dir: &Path) -> Swept {
     let mut swept = Swept {
         removed: 0,
-        changed: 0,
+        restored: 0,
         remaining: 0,
         listed: 0,
     };
     // Both kinds of name are hidden ones (`parse_marked`).
     let listed = crate::dirscan::for_each_hidden_name(dir, |name| {
         let path = dir.join(name);
-        if let Some(pid) = stale_temporary_pid(name.as_bytes()) {
-            if !pid_alive(pid) && fs::remove_file(&path).is_ok() {
-                swept.removed += 1;
-                swept.changed += 1;
-            } else {
-                swept.remaining += 1;
+        if is_temporary_name(name.as_bytes()) {
+            match remove_if_stale_temporary(&path, name.as_bytes()) {
+                true => swept.removed += 1,
+                false => swept.remaining += 1,
             }
         } else if parse_aside(name).is_some() {
             // An original moved aside is never removed: put back, or kept.
             match restore_moved_aside(&path) {
-                Restored::Back(_) => swept.changed += 1,
+                Restored::Back(_) => swept.restored += 1,
                 Restored::NotOurs | Restored::Left => swept.remaining += 1,
             }
         }
@@ -1019,18 +1017,19 @@ fn flock(dir: &impl std::os::fd::AsRawFd, op: libc::c_int) -> bool {
     unsafe { libc::flock(dir.as_raw_fd(), op) == 0 }
 }
 
-/// The value of the mark for directory `dir`: its device and inode.
-fn mark_value(dir: &File) -> Option<[u8; 16]> {
+/// The value of the mark for the directory of metadata `m`: its device
+/// and inode.
+fn mark_value(m: &fs::Metadata) -> [u8; 16] {
     use std::os::unix::fs::MetadataExt;
-    let m = dir.metadata().ok()?;
     let mut v = [0u8; 16];
     v[..8].copy_from_slice(&m.dev().to_le_bytes());
     v[8..].copy_from_slice(&m.ino().to_le_bytes());
-    Some(v)
+    v
 }
 
-/// Whether `dir` carries a mark set on this very directory.
-fn has_clean_mark(dir: &File) -> bool {
+/// Whether `dir`, of metadata `m`, carries a mark set on this very
+/// directory.
+fn has_clean_mark(dir: &File, m: &fs::Metadata) -> bool {
     use std::os::fd::AsRawFd;
     let mut got = [0u8; 17];
     // SAFETY: reads at most got.len() bytes into a live buffer, on an open
@@ -1043,14 +1042,13 @@ fn has_clean_mark(dir: &File) -> bool {
             got.len(),
         )
     };
-    n == 16 && mark_value(dir).is_some_and(|v| got[..16] == v)
+    n == 16 && got[..16] == mark_value(m)
 }
 
-/// Sets the mark; where it cannot be set (no extended attributes, no
-/// right to), the directory is listed by every run, as before.
-fn set_clean_mark(dir: &File) {
+/// Sets the mark to `v`; where it cannot be set (no extended attributes,
+/// no right to), the directory is listed by every run, as before.
+fn write_mark(dir: &File, v: &[u8; 16]) {
     use std::os::fd::AsRawFd;
-    let Some(v) = mark_value(dir) else { return };
     // SAFETY: a 16-byte value from a live buffer, on an open descriptor.
     unsafe {
         libc::fsetxattr(
@@ -1122,15 +1120,13 @@ pub fn naming_in_fd<T>(
     dir: &impl std::os::fd::AsRawFd,
     make: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    if !flock(dir, libc::LOCK_SH | libc::LOCK_NB) {
-        let made = remove_clean_mark(dir).and_then(|()| make());
-        if made.is_ok() {
-            remove_clean_mark(dir)?;
-        }
-        return made;
-    }
+    let locked = flock(dir, libc::LOCK_SH | libc::LOCK_NB);
     let made = remove_clean_mark(dir).and_then(|()| make());
-    flock(dir, libc::LOCK_UN);
+    if locked {
+        flock(dir, libc::LOCK_UN);
+    } else if made.is_ok() {
+        remove_clean_mark(dir)?;
+    }
     made
 }
 
@@ -1490,7 +1486,7 @@ mod tests {
     }
 
     fn marked(dir: &Path) -> bool {
-        has_clean_mark(&open_dir(dir).unwrap())
+        has_clean_mark(&open_dir(dir).unwrap(), &fs::metadata(dir).unwrap())
     }
 
     /// A leftover of a dead run, of the exact form of a temporary.
@@ -1586,37 +1582,10 @@ mod tests {
         // original a killed --in-place run moved aside.
         let copy = big_dir(300);
         let c = copy.path();
-        let value = {
-            let mut v = [0u8; 16];
-            let f = open_dir(d).unwrap();
-            use std::os::fd::AsRawFd;
-            // SAFETY: reads 16 bytes into a live buffer.
-            let n = unsafe {
-                libc::fgetxattr(
-                    f.as_raw_fd(),
-                    CLEAN_MARK.as_ptr(),
-                    v.as_mut_ptr().cast(),
-                    16,
-                )
-            };
-            assert_eq!(n, 16);
-            v
-        };
-        {
-            let f = open_dir(c).unwrap();
-            use std::os::fd::AsRawFd;
-            // SAFETY: writes 16 bytes from a live buffer.
-            let rc = unsafe {
-                libc::fsetxattr(
-                    f.as_raw_fd(),
-                    CLEAN_MARK.as_ptr(),
-                    value.as_ptr().cast(),
-                    16,
-                    0,
-                )
-            };
-            assert_eq!(rc, 0);
-        }
+        write_mark(
+            &open_dir(c).unwrap(),
+            &mark_value(&fs::metadata(d).unwrap()),
+        );
         let aside = c.join(".notes.tpmcrypt-removing.2147483646.0123456789abcdef");
         fs::write(&aside, b"precious").unwrap();
         assert!(!marked(c), "a mark of another directory");
@@ -1634,7 +1603,10 @@ mod tests {
         clean_stale_partials_once(&sticky.path().join("x.tpmc"), false);
         assert!(!marked(sticky.path()));
         // And a mark found in one is not trusted.
-        set_clean_mark(&open_dir(sticky.path()).unwrap());
+        write_mark(
+            &open_dir(sticky.path()).unwrap(),
+            &mark_value(&fs::metadata(sticky.path()).unwrap()),
+        );
         let stale = dead_temporary(sticky.path());
         fs::write(&stale, b"x").unwrap();
         assert_eq!(

@@ -244,15 +244,15 @@ fn lock_dest(dest: &Path) -> anyhow::Result<File> {
     // A run that names something in DEST holds its shared lock for the
     // microseconds that takes (`atomic::naming_in`): not another daemon.
     let mut tries = 0;
-    while !try_lock(&f) && tries < 50 {
+    while !try_lock(&f) {
+        if tries == 50 {
+            return Err(anyhow::anyhow!(
+                "{}: another tpmcrypt watch is using this DEST",
+                show(dest)
+            ));
+        }
         tries += 1;
         std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    if !try_lock(&f) {
-        return Err(anyhow::anyhow!(
-            "{}: another tpmcrypt watch is using this DEST",
-            show(dest)
-        ));
     }
     Ok(f)
 }
