@@ -1049,19 +1049,19 @@ fn agent_refuses_other_uids() {
     assert_eq!(mode_of(&sock), 0o600, "socket mode as created");
     assert_eq!(mode_of(&run_dir), 0o700, "socket directory mode as created");
 
-    // Root puts the session key into the agent by decrypting once.
-    let res: Run = cmd()
-        .args(["decrypt", "-i", "id", "-o", "-", "f.tpmc"])
-        .output()
-        .unwrap()
-        .into();
-    assert_ok(&res, "decrypt via agent");
+    // Root puts the session key into the agent, as a decrypt with a TPM
+    // key does (a recovery key's is not offered: it unwraps in memory).
     let key = reveal(d, "f.tpmc", "id");
     let ct = fs::read(d.join("f.tpmc")).unwrap();
     let digest = openssl::sha::sha256(&ct[16..header_len(&ct) - 32]);
     let ping = [1u8, 4];
     let mut get = vec![1u8, 1];
     get.extend_from_slice(&digest);
+    let mut put = vec![1u8, 2];
+    put.extend_from_slice(&digest);
+    put.extend_from_slice(&key);
+    assert_eq!(agent_request(d, &sock, &ping, None), [0, 0, 0, 0, 0]);
+    assert_eq!(agent_request(d, &sock, &put, None), [0], "root PUT");
     assert_eq!(agent_request(d, &sock, &ping, None), [0, 0, 0, 0, 1]);
     let mut want = vec![0u8];
     want.extend_from_slice(&key);

@@ -161,9 +161,31 @@ fn encrypted_file(d: &Path) -> PathBuf {
     d.join("secret.txt.tpmc")
 }
 
-fn decrypt_with(d: &Path, env: &[(&str, &Path)], remove: &[&str]) -> Run {
+/// A file encrypted to a fresh TPM key `k` on the simulator: decrypting it
+/// asks the agent first and then offers it the key the TPM unwrapped (a
+/// recovery key's never reaches the agent), so a client that skipped a
+/// check would send a squatter the session key.
+fn tpm_encrypted_file(d: &Path) -> PathBuf {
+    assert_ok(
+        &common::run(d, &["--simulator", "key", "create", "k"]),
+        "key create on the simulator",
+    );
+    fs::write(d.join("secret.txt"), bytes(5000, 3)).unwrap();
+    let r = common::run(d, &["encrypt", "-k", "k", "secret.txt"]);
+    assert_ok(&r, "encrypt");
+    d.join("secret.txt.tpmc")
+}
+
+/// The command that decrypts [`tpm_encrypted_file`] to stdout.
+fn tpm_decrypt(d: &Path) -> Command {
     let mut cmd = tpmcrypt(d);
-    cmd.args(["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"]);
+    cmd.args(["--simulator", "decrypt", "-o", "-", "secret.txt.tpmc"]);
+    cmd
+}
+
+/// [`tpm_decrypt`] with `env` set and `remove` removed.
+fn decrypt_with(d: &Path, env: &[(&str, &Path)], remove: &[&str]) -> Run {
+    let mut cmd = tpm_decrypt(d);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -199,7 +221,7 @@ fn assert_refused_and_nothing_sent(r: &Run, squatter: &Squatter, needles: &[&str
 fn a_socket_in_another_users_directory_gets_nothing() {
     let dir = scratch();
     let d = dir.path();
-    encrypted_file(d);
+    tpm_encrypted_file(d);
     let theirs = d.join("theirs");
     their_dir(&theirs, 0o755);
     let sock = theirs.join("agent.sock");
@@ -219,7 +241,7 @@ fn the_tmp_fallback_squatted_by_another_user_gets_nothing() {
     // looked for under $TMPDIR/tpmcrypt-UID, which the other user made first.
     let dir = scratch();
     let d = dir.path();
-    encrypted_file(d);
+    tpm_encrypted_file(d);
     let tmp = d.join("tmp");
     fs::create_dir(&tmp).unwrap();
     common::chmod(&tmp, 0o1777);
@@ -259,7 +281,7 @@ fn a_listener_of_another_uid_behind_our_own_paths_gets_nothing() {
     // the client side can tell.
     let dir = scratch();
     let d = dir.path();
-    encrypted_file(d);
+    tpm_encrypted_file(d);
     let ours = d.join("ours");
     their_dir(&ours, 0o777);
     let logdir = d.join("log");
@@ -285,7 +307,7 @@ fn a_world_writable_socket_directory_of_our_own_is_refused() {
     // Our own directory, but anyone may swap the socket in it.
     let dir = scratch();
     let d = dir.path();
-    encrypted_file(d);
+    tpm_encrypted_file(d);
     let loose = d.join("loose");
     fs::create_dir(&loose).unwrap();
     let logdir = d.join("log");
@@ -944,7 +966,7 @@ fn a_key_file_that_is_a_fifo_or_a_device_never_hangs_a_recovery() {
 fn a_stopped_agent_with_a_full_queue_never_hangs_a_decrypt() {
     let dir = scratch();
     let d = dir.path();
-    encrypted_file(d);
+    tpm_encrypted_file(d);
     let sock = d.join("run/agent.sock");
     let mut agent = start_agent(d, &sock);
     // SAFETY: plain kill(2) of our child.
@@ -968,9 +990,8 @@ fn a_stopped_agent_with_a_full_queue_never_hangs_a_decrypt() {
         .read_line(&mut line)
         .expect("read");
     assert!(line.trim().parse::<u32>().is_ok(), "{line}");
-    let mut cmd = tpmcrypt(d);
-    cmd.args(["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"])
-        .env("TPMCRYPT_AGENT_SOCK", &sock);
+    let mut cmd = tpm_decrypt(d);
+    cmd.env("TPMCRYPT_AGENT_SOCK", &sock);
     let r = run_bounded(cmd, 10, "decrypt with a stuck agent");
     let _ = filler.kill();
     let _ = filler.wait();

@@ -1758,35 +1758,50 @@ fn agent_connects(dir: &Path, args: &[&str]) -> (usize, Vec<u8>) {
 
 /// A per-process decrypt asks the agent what it needs and nothing more:
 /// the first request (GET of the session key) is also what tells whether
-/// an agent answers there, with no PING before it. A decrypt whose key the
-/// agent holds connects once; one whose key it lacks twice (GET, then PUT
-/// of the key it unwrapped), and the next decrypt of that session finds it.
+/// an agent answers there, with no PING before it. A TPM-key decrypt whose
+/// key the agent holds connects once (served by the front); one whose key
+/// it lacks three times: the front's GET, then tpmcrypt-full's GET and its
+/// PUT of the key the TPM unwrapped (the front hands over with the same
+/// arguments and environment, so tpmcrypt-full cannot know the answer; a
+/// round trip beside an unbind), and the next decrypt of that session
+/// finds it. A recovery key unwraps in memory before the agent is asked:
+/// it never connects, whether the agent has the key or not.
 #[test]
 fn a_decrypt_asks_the_agent_once_for_its_key() {
     let dir = scratch();
     let d = dir.path();
     let r = recovery(d, "id");
+    assert_ok(
+        &plain(d, &["--simulator", "key", "create", "k"]),
+        "key create",
+    );
     fs::write(d.join("f"), bytes(16 << 10, 5)).unwrap();
-    assert_ok(&plain(d, &["encrypt", "-R", &r, "f"]), "encrypt");
+    assert_ok(&plain(d, &["encrypt", "-R", &r, "-k", "k", "f"]), "encrypt");
     let agent = AgentProc::start(d);
-    let args = ["decrypt", "-i", "id", "-o", "-", "f.tpmc"];
-    let (miss, out) = agent_connects(d, &args);
-    assert_eq!(
-        out,
-        bytes(16 << 10, 5),
-        "decrypt with the agent lacking the key"
-    );
-    assert_eq!(
-        miss, 2,
-        "connections when the agent lacks the key (GET, PUT)"
-    );
-    let (hit, out) = agent_connects(d, &args);
-    assert_eq!(
-        out,
-        bytes(16 << 10, 5),
-        "decrypt with the agent holding the key"
-    );
-    assert_eq!(hit, 1, "connections when the agent holds the key (GET)");
+    let recovery_args = ["decrypt", "-i", "id", "-o", "-", "f.tpmc"];
+    let tpm_args = ["--simulator", "decrypt", "-o", "-", "f.tpmc"];
+    for (args, want, what) in [
+        (
+            &recovery_args[..],
+            0,
+            "a recovery key, the agent lacking the key",
+        ),
+        (&tpm_args[..], 3, "the TPM key, the agent lacking the key"),
+        (
+            &tpm_args[..],
+            1,
+            "the TPM key, the agent holding the key (GET)",
+        ),
+        (
+            &recovery_args[..],
+            0,
+            "a recovery key, the agent holding the key",
+        ),
+    ] {
+        let (n, out) = agent_connects(d, args);
+        assert_eq!(out, bytes(16 << 10, 5), "decrypt with {what}");
+        assert_eq!(n, want, "connections with {what}");
+    }
     let r = plain(d, &["agent", "--stop"]);
     assert_ok(&r, "agent --stop");
     assert!(agent.wait_exit(), "the agent exits when stopped");

@@ -128,6 +128,10 @@ impl EcdhP256 for RecoveryKey {
         z.copy_from_slice(shared.raw_secret_bytes());
         Ok(z)
     }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
 }
 
 /// A PKCS#8 PEM `PRIVATE KEY` of P-256 (id-ecPublicKey, prime256v1) as its

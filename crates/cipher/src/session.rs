@@ -381,11 +381,13 @@ fn ends_at(file: &File, end: u64) -> Result<()> {
 }
 
 /// A session-key cache that outlives one process (the agent): asked
-/// before any identity, told about every key an identity unwrapped.
+/// after the identities whose key is in memory ([`Identity::in_memory`])
+/// and before the others, told about every key one of the others
+/// unwrapped.
 pub trait SessionCache: Send + Sync {
     /// The key cached under `stanza_digest`, if any.
     fn get(&self, stanza_digest: &[u8; 32]) -> Option<SessionKey>;
-    /// Offers a freshly unwrapped key.
+    /// Offers a key unwrapped by an identity not in memory (a TPM's).
     fn put(&self, stanza_digest: &[u8; 32], key: &SessionKey);
     /// A key [`Decryptor::prefetch`] found (through this cache or an
     /// identity) is now used by the run. Nothing by default.
@@ -408,10 +410,22 @@ pub struct Decryptor {
 /// A session key [`Decryptor::prefetch`] found, with what using it counts.
 struct Prefetched {
     key: SessionKey,
-    /// Unwrapped by an identity (not from the session cache).
-    unwrapped: bool,
+    from: Found,
     /// Nanoseconds it took.
     ns: u64,
+}
+
+/// Where a session key not held yet came from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Found {
+    /// The external session cache (nothing unwrapped).
+    Cache,
+    /// Unwrapped by an identity whose key is in memory: counted, not
+    /// offered to the session cache (it costs microseconds to unwrap again,
+    /// and a cache that lacks it is not asked for it).
+    InMemory,
+    /// Unwrapped by another identity (a TPM's): counted, and offered.
+    Identity,
 }
 
 impl Decryptor {
@@ -501,67 +515,91 @@ impl Decryptor {
             return Ok(());
         }
         let start = std::time::Instant::now();
-        let (key, unwrapped) = self.find_session_key(header, &digest)?;
+        let (key, from) = self.find_session_key(header, &digest)?;
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.prefetched
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(digest, Prefetched { key, unwrapped, ns });
+            .insert(digest, Prefetched { key, from, ns });
         Ok(())
     }
 
     /// A session key not held yet: one [`Decryptor::prefetch`] found, or
-    /// from the external cache, or unwrapped by an identity (counted, and
-    /// then offered to the external cache).
+    /// found now (see [`Decryptor::find_session_key`]). One an identity
+    /// unwrapped is counted; one a TPM's unwrapped is offered to the
+    /// external cache.
     fn fetch_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<SessionKey> {
         let prefetched = self
             .prefetched
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(digest);
-        let (key, unwrapped) = match prefetched {
+        let (key, from) = match prefetched {
             Some(p) => {
                 self.fetch_ns.fetch_add(p.ns, Ordering::Relaxed);
                 if let Some(external) = &self.external {
                     external.used(digest);
                 }
-                (p.key, p.unwrapped)
+                (p.key, p.from)
             }
             None => self.find_session_key(header, digest)?,
         };
-        if unwrapped {
+        if from != Found::Cache {
             self.unwraps.fetch_add(1, Ordering::Relaxed);
-            if let Some(external) = &self.external {
-                external.put(digest, &key);
-            }
+        }
+        if let (Some(external), Found::Identity) = (&self.external, from) {
+            external.put(digest, &key);
         }
         Ok(key)
     }
 
-    /// The session key from the external cache (`false`), or unwrapped by
-    /// an identity (`true`), checked against the header MAC.
-    fn find_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<(SessionKey, bool)> {
+    /// The session key, checked against the header MAC: unwrapped by an
+    /// identity whose key is in memory, else from the external cache, else
+    /// unwrapped by another identity. An identity in memory is never slower
+    /// than a round trip to the cache, and a cache that lacks the key is
+    /// then not asked at all.
+    fn find_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<(SessionKey, Found)> {
+        let mut first_err = None;
+        if let Some(key) = self.unwrap_with(header, true, &mut first_err) {
+            verify_header(header, &key)?;
+            return Ok((key, Found::InMemory));
+        }
         if let Some(key) = self.external.as_ref().and_then(|c| c.get(digest)) {
             // A key that fails the MAC is ignored: the identities decide.
             if verify_header(header, &key).is_ok() {
-                return Ok((key, false));
+                return Ok((key, Found::Cache));
             }
         }
-        let key = self.unwrap_any(header)?;
-        verify_header(header, &key)?;
-        Ok((key, true))
+        match self.unwrap_with(header, false, &mut first_err) {
+            Some(key) => {
+                verify_header(header, &key)?;
+                Ok((key, Found::Identity))
+            }
+            None => Err(first_err.unwrap_or(Error::NoMatchingIdentity)),
+        }
     }
 
-    fn unwrap_any(&self, header: &Header) -> Result<SessionKey> {
-        // Identities in the order given (explicit ones, e.g. a recovery key,
-        // before TPM keys), each against every stanza. A stanza one identity
-        // cannot open (a TPM that refuses: PCRs changed, PIN, lockout) does
-        // not stop the others; its error is reported only if none succeeds.
-        let mut first_err = None;
-        for identity in &self.identities {
+    /// The key of the first of the identities with [`Identity::in_memory`]
+    /// equal to `in_memory` that opens a stanza of `header`, in the order
+    /// given (explicit ones, e.g. a recovery key, before TPM keys), each
+    /// against every stanza. A stanza one identity cannot open (a TPM that
+    /// refuses: PCRs changed, PIN, lockout) does not stop the others; the
+    /// first such error is kept in `first_err`, reported only if none
+    /// succeeds.
+    fn unwrap_with(
+        &self,
+        header: &Header,
+        in_memory: bool,
+        first_err: &mut Option<Error>,
+    ) -> Option<SessionKey> {
+        for identity in self
+            .identities
+            .iter()
+            .filter(|i| i.in_memory() == in_memory)
+        {
             for stanza in &header.stanzas {
                 match identity.unwrap(stanza) {
-                    Ok(Some(key)) => return Ok(key),
+                    Ok(Some(key)) => return Some(key),
                     Ok(None) => {}
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -569,7 +607,7 @@ impl Decryptor {
                 }
             }
         }
-        Err(first_err.unwrap_or(Error::NoMatchingIdentity))
+        None
     }
 
     /// A `Read` that decrypts the file read from `input`, sequentially and

@@ -166,50 +166,20 @@ fn positional_reads_detect_tampering_truncation_and_appending() {
     assert!(err.is_integrity(), "{err}");
 }
 
-/// An external cache (the agent) is asked first and fed what was unwrapped;
-/// a wrong cached key is ignored, not trusted.
+/// An external cache (the agent) is asked before an identity that is not
+/// in memory (a TPM key) and fed what that identity unwrapped; a wrong
+/// cached key is ignored, not trusted.
 #[test]
 fn external_session_cache_is_consulted_and_fed() {
-    use std::sync::{Arc, Mutex};
-    use tpmcrypt_cipher::{SessionCache, SessionKey};
-
-    type Entries = Vec<([u8; 32], [u8; 32])>;
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Entries>>);
-    impl SessionCache for Shared {
-        fn get(&self, digest: &[u8; 32]) -> Option<SessionKey> {
-            let v = self.0.lock().unwrap();
-            v.iter()
-                .find(|(d, _)| d == digest)
-                .map(|(_, k)| SessionKey::from_bytes(k))
-        }
-        fn put(&self, digest: &[u8; 32], key: &SessionKey) {
-            self.0.lock().unwrap().push((*digest, *key.expose()));
-        }
-    }
-
-    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
-    let params = Params::new(Mode::Gcm, 256).unwrap();
-    let encryptor = Encryptor::new(&recipients, params).unwrap();
-    let mut sealed = Vec::new();
-    encryptor
-        .encrypt(&b"agent"[..], &mut sealed, &StreamOptions::sequential())
-        .unwrap();
-
+    let sealed = sealed_for_cache(b"agent");
     let shared = Shared::default();
-    let first = Decryptor::new(vec![
-        Box::new(key().into_identity().unwrap()) as Box<dyn Identity>
-    ])
-    .with_session_cache(Box::new(shared.clone()));
+    let first = Decryptor::new(vec![device()]).with_session_cache(Box::new(shared.clone()));
     first
         .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
         .unwrap();
     assert_eq!(first.unwrap_count(), 1);
-    assert_eq!(
-        shared.0.lock().unwrap().len(),
-        1,
-        "the unwrapped key was offered"
-    );
+    assert_eq!(shared.gets(), 1, "the cache was asked first");
+    assert_eq!(shared.len(), 1, "the unwrapped key was offered");
 
     // A second process with no identity at all decrypts from the cache.
     let second = Decryptor::new(vec![]).with_session_cache(Box::new(shared.clone()));
@@ -221,12 +191,137 @@ fn external_session_cache_is_consulted_and_fed() {
     assert_eq!(second.unwrap_count(), 0);
 
     // A wrong key in the cache is not trusted.
-    shared.0.lock().unwrap()[0].1 = [0u8; 32];
+    shared.0.lock().unwrap().entries[0].1 = [0u8; 32];
     let third = Decryptor::new(vec![]).with_session_cache(Box::new(shared));
     let err = third
         .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
         .unwrap_err();
     assert!(matches!(err, Error::NoMatchingIdentity), "{err}");
+}
+
+/// An identity whose key is in memory (a recovery key) opens the file
+/// before the cache is asked, and its key is not offered to the cache: a
+/// cache that lacks the key costs such a run nothing. One in memory that
+/// does not match leaves the cache to answer.
+#[test]
+fn an_identity_in_memory_goes_before_the_cache_and_feeds_it_nothing() {
+    let sealed = sealed_for_cache(b"memory");
+    let shared = Shared::default();
+    let recovery = Decryptor::new(vec![Box::new(key().into_identity().unwrap()) as _])
+        .with_session_cache(Box::new(shared.clone()));
+    let mut out = Vec::new();
+    recovery
+        .decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, b"memory");
+    assert_eq!(recovery.unwrap_count(), 1);
+    assert_eq!(shared.gets(), 0, "the cache was asked");
+    assert_eq!(shared.len(), 0, "a key unwrapped in memory was offered");
+
+    // Prefetched (the front's check), then used: the same.
+    let prefetching = Decryptor::new(vec![Box::new(key().into_identity().unwrap()) as _])
+        .with_session_cache(Box::new(shared.clone()));
+    let header = tpmcrypt_cipher::format::Header::read_from(&mut &sealed[..]).unwrap();
+    prefetching.prefetch(&header).unwrap();
+    prefetching
+        .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!((shared.gets(), shared.len()), (0, 0), "prefetch");
+
+    // Listed after a TPM key, an identity in memory still goes first.
+    let both = Decryptor::new(vec![
+        device(),
+        Box::new(key().into_identity().unwrap()) as _,
+    ])
+    .with_session_cache(Box::new(shared.clone()));
+    both.decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!((shared.gets(), shared.len()), (0, 0), "in memory second");
+
+    // A recovery key that is not a recipient: the cache is asked and used.
+    Decryptor::new(vec![device()])
+        .with_session_cache(Box::new(shared.clone()))
+        .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!((shared.gets(), shared.len()), (1, 1));
+    let other = RecoveryKey::generate(&mut ChaCha20Rng::seed_from_u64(99));
+    let stranger = Decryptor::new(vec![Box::new(other.into_identity().unwrap()) as _])
+        .with_session_cache(Box::new(shared.clone()));
+    let mut out = Vec::new();
+    stranger
+        .decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, b"memory");
+    assert_eq!(stranger.unwrap_count(), 0);
+    assert_eq!(shared.gets(), 2, "the cache was not asked");
+}
+
+type Entries = Vec<([u8; 32], [u8; 32])>;
+
+/// A session cache in memory that counts the times it is asked.
+#[derive(Clone, Default)]
+struct Shared(std::sync::Arc<std::sync::Mutex<CacheState>>);
+
+#[derive(Default)]
+struct CacheState {
+    entries: Entries,
+    gets: usize,
+}
+
+impl Shared {
+    fn gets(&self) -> usize {
+        self.0.lock().unwrap().gets
+    }
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().entries.len()
+    }
+}
+
+impl tpmcrypt_cipher::SessionCache for Shared {
+    fn get(&self, digest: &[u8; 32]) -> Option<tpmcrypt_cipher::SessionKey> {
+        let mut state = self.0.lock().unwrap();
+        state.gets += 1;
+        state
+            .entries
+            .iter()
+            .find(|(d, _)| d == digest)
+            .map(|(_, k)| tpmcrypt_cipher::SessionKey::from_bytes(k))
+    }
+    fn put(&self, digest: &[u8; 32], key: &tpmcrypt_cipher::SessionKey) {
+        self.0
+            .lock()
+            .unwrap()
+            .entries
+            .push((*digest, *key.expose()));
+    }
+}
+
+/// The recovery key behind an identity that says its key is not in memory,
+/// as a TPM key's does.
+struct Device(Box<dyn Identity>);
+
+impl Identity for Device {
+    fn unwrap(
+        &self,
+        stanza: &tpmcrypt_cipher::format::Stanza,
+    ) -> tpmcrypt_cipher::Result<Option<tpmcrypt_cipher::SessionKey>> {
+        self.0.unwrap(stanza)
+    }
+}
+
+fn device() -> Box<dyn Identity> {
+    Box::new(Device(Box::new(key().into_identity().unwrap())))
+}
+
+fn sealed_for_cache(plain: &[u8]) -> Vec<u8> {
+    let recipients: Vec<Box<dyn Recipient>> = vec![Box::new(key().recipient().unwrap())];
+    let params = Params::new(Mode::Gcm, 256).unwrap();
+    let encryptor = Encryptor::new(&recipients, params).unwrap();
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(plain, &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+    sealed
 }
 
 #[test]

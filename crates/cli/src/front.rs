@@ -14,8 +14,9 @@
 //!   tpmcrypt-recovery:…`) and to the keystore's P-256 keys (`-k`), in
 //!   AES-GCM with 128- or 256-bit keys, any inputs. Encrypting never needs
 //!   the TPM;
-//! * `decrypt` of one named file whose session key the agent holds or a
-//!   `-i` identity opens, checked before anything is written.
+//! * `decrypt` of one named file that a `-i` identity opens (in memory:
+//!   the agent is not asked) or whose session key the agent holds, checked
+//!   before anything is written.
 //!
 //! Everything else, and anything in doubt (a recipients file, an RSA key, CBC,
 //! `--backend openssl`, a PIN file, a keystore or agent socket that would
@@ -27,17 +28,19 @@
 //! nothing, printed nothing and consumed no input (it reads only regular
 //! files before deciding, never a pipe, FIFO or device). A served decrypt
 //! finds its session key before the run ([`Decryptor::prefetch`]) and
-//! counts it, and gives it to the agent, only when the run uses it.
+//! counts it only when the run uses it (no key the front unwraps is given
+//! to the agent: its identities are all in memory).
 //!
 //! Known difference: the file is opened by name twice, for the check and
 //! for the run. One replaced in between by a file only a TPM key opens
 //! fails with "no identity matches" (exit 3), where tpmcrypt-full would
-//! have used the TPM; nothing is lost, and running it again works. The
-//! agent is asked during the check, so a run that then fails before it
-//! needs the key (its output exists) has asked the agent where
-//! tpmcrypt-full would not have: invisible with an agent that answers
-//! (the warnings of one that does not are held, and said only when the
-//! key is used), but one that never answers costs its timeout. A
+//! have used the TPM; nothing is lost, and running it again works. When no
+//! `-i` identity opens the file, the agent is asked during the check, so a
+//! run that then fails before it needs the key (its output exists) has
+//! asked the agent where tpmcrypt-full would not have: invisible with an
+//! agent that answers (the warnings of one that does not are held, and
+//! said only when the key is used), but one that never answers costs its
+//! timeout. A
 //! hand-over after the agent failed to answer asks it once more. Signals
 //! are taken (temporaries removed, then the signal's exit) before the
 //! agent is asked, as tpmcrypt-full takes them before it asks.
@@ -213,8 +216,8 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         if args.files.backend.is_none() && (params.mode != Mode::Gcm || params.key_len == 24) {
             return Err(HandOver.into());
         }
-        // Found now (by the agent or a -i identity), counted and offered to
-        // the agent only when the run uses it, as tpmcrypt-full does.
+        // Found now (by a -i identity, else the agent), counted only when
+        // the run uses it, as tpmcrypt-full does.
         // Before the agent is asked: a signal now ends the run as it would
         // end tpmcrypt-full's, which asks the agent within its run.
         let _ = crate::atomic::remove_temporaries_on_interrupt();

@@ -64,6 +64,15 @@ pub trait Identity: Send + Sync {
     /// is not. An error means the stanza is ours but could not be opened
     /// (tampered, or the TPM refused).
     fn unwrap(&self, stanza: &Stanza) -> Result<Option<SessionKey>>;
+
+    /// Whether this identity's private key is in this process's memory (a
+    /// recovery key, a software key), so that unwrapping costs microseconds
+    /// and no device. A decryptor tries such identities before its session
+    /// cache and does not offer the cache what they unwrap. `false` (a TPM
+    /// key, anything that may be slow or limited) by default.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// Fingerprint of a DER-encoded SubjectPublicKeyInfo.

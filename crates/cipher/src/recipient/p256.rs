@@ -36,6 +36,12 @@ pub trait EcdhP256: Send + Sync {
 
     /// Z = x-coordinate of (private key · `peer`), `peer` uncompressed SEC1.
     fn ecdh(&self, peer: &[u8; POINT_LEN]) -> Result<Zeroizing<[u8; 32]>>;
+
+    /// Whether the private key is in this process's memory (see
+    /// [`Identity::in_memory`]); `false` by default.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// A P-256 public key as a recipient of a given stanza kind.
@@ -230,5 +236,9 @@ impl<E: EcdhP256> Identity for P256Identity<E> {
             .try_into()
             .map_err(|_| Error::Unwrap("wrapped key of the wrong length".into()))?;
         Ok(Some(SessionKey::from_bytes(bytes)))
+    }
+
+    fn in_memory(&self) -> bool {
+        self.ecdh.in_memory()
     }
 }

@@ -25,6 +25,12 @@ pub trait RsaOaepDecrypt: Send + Sync {
 
     /// RSA-OAEP (SHA-256, MGF1-SHA-256, empty label) decryption.
     fn decrypt(&self, ciphertext: &[u8]) -> Result<Zeroizing<Vec<u8>>>;
+
+    /// Whether the private key is in this process's memory (see
+    /// [`Identity::in_memory`]); `false` by default.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// An RSA public key as a recipient.
@@ -135,6 +141,10 @@ impl<D: RsaOaepDecrypt> Identity for RsaIdentity<D> {
             .map_err(|_| Error::Unwrap("RSA stanza holds a key of the wrong length".into()))?;
         Ok(Some(SessionKey::from_bytes(bytes)))
     }
+
+    fn in_memory(&self) -> bool {
+        self.decrypt.in_memory()
+    }
 }
 
 /// A software RSA private key, for tests and for escrow tooling; the TPM
@@ -154,5 +164,9 @@ impl RsaOaepDecrypt for SoftwareRsa {
         let mut out = Zeroizing::new(Vec::new());
         ctx.decrypt_to_vec(ciphertext, &mut out).map_err(fail)?;
         Ok(out)
+    }
+
+    fn in_memory(&self) -> bool {
+        true
     }
 }
