@@ -171,6 +171,7 @@ fn commit(
         // whose ciphertext it is, and rewrites it rather than adding a
         // version.
         ctx.record(&item.rel, Some(item.rec));
+        crash_point("recorded");
         Ok(())
     });
     let done_at = Instant::now();
@@ -285,8 +286,10 @@ fn warn_no_lease(ctx: &Ctx, rel: &std::path::Path) {
 /// For the kill -9 tests only, and only in debug builds: with
 /// `TPMCRYPT_WATCH_TEST_CRASH_AT=synced` the daemon kills itself (SIGKILL)
 /// in its first batch after the data is durable and before any rename;
-/// with `=renamed`, after the renames and the directory sync and before
-/// any source is removed. Release builds have no such hook.
+/// with `=recorded`, after the first ciphertext's journal record and
+/// before its rename; with `=renamed`, after the renames and the directory
+/// sync and before any source is removed. Release builds have no such
+/// hook.
 #[cfg(debug_assertions)]
 fn crash_point(at: &str) {
     if std::env::var_os("TPMCRYPT_WATCH_TEST_CRASH_AT").is_some_and(|v| v == at) {

@@ -645,6 +645,10 @@ impl Coordinator {
     /// The start-up scan: everything not already encrypted is due now.
     /// Returns (files queued, files already encrypted).
     fn startup_scan(&mut self) -> (usize, usize) {
+        let ctx = &self.ctx;
+        self.journal().settle(|rel, rec| {
+            worker::ciphertext_present(&ctx.version_path(rel, rec.version), rec)
+        });
         let mut present = HashSet::new();
         let unchanged = self.scan_dir(Path::new(""), true, Some(&mut present));
         // A record whose source is still in SRC, changed or not, says whose

@@ -19,7 +19,9 @@
 //! A record is appended just before its ciphertext gets its final name (so
 //! that a kill -9 before the source is removed does not lead to a duplicate
 //! version); a record whose ciphertext did not get there is recognised by
-//! CT_INODE and CT_LEN and never trusted. A crash can lose the tail: those
+//! CT_INODE and CT_LEN and never trusted, and the path's record before it
+//! (for the ciphertext that one was to replace) holds instead
+//! ([`Journal::settle`]). A crash can lose the tail: those
 //! files get encrypted again as new versions, which loses nothing. At start-up it is read, checked
 //! against SRC and DEST (a record whose source is gone or whose ciphertext
 //! is missing or of the wrong size is dropped) and rewritten compactly with
@@ -72,6 +74,9 @@ pub struct Journal {
     fresh: HashSet<PathBuf>,
     out: Option<BufWriter<File>>,
     dirty: bool,
+    /// As loaded: every record of a path since it was last forgotten,
+    /// oldest first, until [`Journal::settle`] picks the one that holds.
+    loaded: HashMap<PathBuf, Vec<Record>>,
 }
 
 fn decode_path(h: &str) -> Option<PathBuf> {
@@ -134,7 +139,7 @@ impl Journal {
     /// lines, such as a torn last line after a crash, are ignored.
     pub fn load(state_dir: &Path) -> io::Result<Journal> {
         let path = state_dir.join(JOURNAL);
-        let mut records = HashMap::new();
+        let mut loaded: HashMap<PathBuf, Vec<Record>> = HashMap::new();
         match File::open(&path) {
             Ok(f) => {
                 for line in BufReader::new(f).split(b'\n') {
@@ -143,11 +148,9 @@ impl Journal {
                         continue;
                     };
                     match parse_line(text) {
-                        Some((p, Some(r))) => {
-                            records.insert(p, r);
-                        }
+                        Some((p, Some(r))) => loaded.entry(p).or_default().push(r),
                         Some((p, None)) => {
-                            records.remove(&p);
+                            loaded.remove(&p);
                         }
                         None => {}
                     }
@@ -156,13 +159,32 @@ impl Journal {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        let records = loaded
+            .iter()
+            .filter_map(|(p, rs)| Some((p.clone(), *rs.last()?)))
+            .collect();
         Ok(Journal {
             path,
             records,
             fresh: HashSet::new(),
             out: None,
             dirty: false,
+            loaded,
         })
+    }
+
+    /// Settles each path's record as loaded to the newest one that `holds`
+    /// (its ciphertext is in place: same size and inode), else the newest.
+    /// A record is written just before its ciphertext gets its name, so
+    /// after a kill between the two the newest names a ciphertext that
+    /// never got there, and the one before it, for the ciphertext that was
+    /// to be replaced, still holds. Once, at start-up.
+    pub fn settle(&mut self, holds: impl Fn(&Path, &Record) -> bool) {
+        for (p, rs) in std::mem::take(&mut self.loaded) {
+            if let Some(r) = rs.iter().rev().find(|r| holds(&p, r)) {
+                self.records.insert(p, *r);
+            }
+        }
     }
 
     /// The record for `rel`.
@@ -293,5 +315,43 @@ mod tests {
         assert_eq!(parse_line("+ 1 2 3 4 61 0 5"), None, "no version 0");
         assert!(r.same_source(5, 1_700_000_000_123_456_789, 42));
         assert!(!r.same_source(5, 1_700_000_000_123_456_788, 42));
+    }
+
+    #[test]
+    fn settle_picks_the_newest_record_whose_ciphertext_is_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::load(dir.path()).unwrap();
+        j.compact().unwrap();
+        let r = |ct_ino| Record {
+            size: 5,
+            mtime_ns: 1,
+            ino: 42,
+            ct_len: 99,
+            version: 1,
+            ct_ino,
+        };
+        let (a, b, c) = (Path::new("a"), Path::new("b"), Path::new("c"));
+        // a: replaced, and the replacement got its name (inode 2 in place).
+        j.put(a, r(1)).unwrap();
+        j.put(a, r(2)).unwrap();
+        // b: a kill before the replacement (inode 4) got its name.
+        j.put(b, r(3)).unwrap();
+        j.put(b, r(4)).unwrap();
+        // c: forgotten between its two records: the first no longer holds.
+        j.put(c, r(5)).unwrap();
+        j.remove(c).unwrap();
+        j.put(c, r(6)).unwrap();
+        j.flush().unwrap();
+        let in_place = [2, 3, 5];
+        let mut j = Journal::load(dir.path()).unwrap();
+        assert_eq!(j.get(b), Some(r(4)), "as loaded: the newest");
+        j.settle(|_, rec| in_place.contains(&rec.ct_ino));
+        assert_eq!(j.get(a), Some(r(2)));
+        assert_eq!(j.get(b), Some(r(3)));
+        assert_eq!(j.get(c), Some(r(6)), "none holds: the newest");
+        // Compacted, the settled records are what the next start reads.
+        j.compact().unwrap();
+        let j = Journal::load(dir.path()).unwrap();
+        assert_eq!(j.get(b), Some(r(3)));
     }
 }
