@@ -468,8 +468,7 @@ impl Coordinator {
         for h in handles {
             let _ = h.join();
         }
-        let synced = self.journal().sync();
-        if let Err(e) = synced {
+        if let Err(e) = self.sync_journal() {
             warn!("journal: {e}");
         }
     }
@@ -559,8 +558,7 @@ impl Coordinator {
                 warn!("--stats-json {}: {e:#}", path.display());
             }
         }
-        let synced = self.journal().sync();
-        if let Err(e) = synced {
+        if let Err(e) = self.sync_journal() {
             self.journal_error(e);
         }
         let status = format!(
@@ -624,6 +622,13 @@ impl Coordinator {
             default(timeout) => {}
         }
         None
+    }
+
+    /// Makes what the journal holds durable, without holding its lock
+    /// while the disk works.
+    fn sync_journal(&self) -> io::Result<()> {
+        let file = self.journal().flush_for_sync()?;
+        file.map_or(Ok(()), |f| f.sync_data())
     }
 
     fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
