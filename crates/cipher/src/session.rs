@@ -561,7 +561,6 @@ impl Decryptor {
     fn find_session_key(&self, header: &Header, digest: &[u8; 32]) -> Result<(SessionKey, Found)> {
         let mut first_err = None;
         if let Some(key) = self.unwrap_with(header, true, &mut first_err) {
-            verify_header(header, &key)?;
             return Ok((key, Found::InMemory));
         }
         if let Some(key) = self.external.as_ref().and_then(|c| c.get(digest)) {
@@ -571,20 +570,19 @@ impl Decryptor {
             }
         }
         match self.unwrap_with(header, false, &mut first_err) {
-            Some(key) => {
-                verify_header(header, &key)?;
-                Ok((key, Found::Identity))
-            }
+            Some(key) => Ok((key, Found::Identity)),
             None => Err(first_err.unwrap_or(Error::NoMatchingIdentity)),
         }
     }
 
     /// The key of the first of the identities with [`Identity::in_memory`]
-    /// equal to `in_memory` that opens a stanza of `header`, in the order
-    /// given (explicit ones, e.g. a recovery key, before TPM keys), each
-    /// against every stanza. A stanza one identity cannot open (a TPM that
-    /// refuses: PCRs changed, PIN, lockout) does not stop the others; the
-    /// first such error is kept in `first_err`, reported only if none
+    /// equal to `in_memory` that opens a stanza of `header` with a key the
+    /// header MAC accepts, in the order given (explicit ones, e.g. a
+    /// recovery key, before TPM keys), each against every stanza. A stanza
+    /// one identity cannot open (a TPM that refuses: PCRs changed, PIN,
+    /// lockout), or whose key the header MAC refuses (a sender who wrapped
+    /// different keys for different recipients), does not stop the others;
+    /// the first such error is kept in `first_err`, reported only if none
     /// succeeds.
     fn unwrap_with(
         &self,
@@ -598,7 +596,11 @@ impl Decryptor {
             .filter(|i| i.in_memory() == in_memory)
         {
             for stanza in &header.stanzas {
-                match identity.unwrap(stanza) {
+                let verified = identity.unwrap(stanza).and_then(|key| match key {
+                    Some(key) => verify_header(header, &key).map(|()| Some(key)),
+                    None => Ok(None),
+                });
+                match verified {
                     Ok(Some(key)) => return Some(key),
                     Ok(None) => {}
                     Err(e) => {

@@ -256,6 +256,69 @@ fn an_identity_in_memory_goes_before_the_cache_and_feeds_it_nothing() {
     assert_eq!(shared.gets(), 2, "the cache was not asked");
 }
 
+/// A sender who wrapped another key for one recipient than for the
+/// others (the header MAC made with theirs): the key that recipient's
+/// identity unwraps fails the MAC, which is a stanza it cannot open, not
+/// the end of the search. The session cache and the other identities
+/// still open the file (before, adding such a `-i` made a file the agent
+/// or a TPM key opened fail with "header authentication failed").
+#[test]
+fn a_key_the_header_mac_refuses_does_not_stop_the_search() {
+    struct Liar(Box<dyn Recipient>);
+    impl Recipient for Liar {
+        fn wrap(
+            &self,
+            _key: &tpmcrypt_cipher::SessionKey,
+            rng: &mut dyn rand_core::CryptoRngCore,
+        ) -> tpmcrypt_cipher::Result<tpmcrypt_cipher::format::Stanza> {
+            self.0
+                .wrap(&tpmcrypt_cipher::SessionKey::from_bytes(&[7; 32]), rng)
+        }
+        fn kind(&self) -> u8 {
+            self.0.kind()
+        }
+        fn fingerprint(&self) -> [u8; 16] {
+            self.0.fingerprint()
+        }
+    }
+    let liar = || RecoveryKey::generate(&mut ChaCha20Rng::seed_from_u64(11));
+    let recipients: Vec<Box<dyn Recipient>> = vec![
+        Box::new(Liar(Box::new(liar().recipient().unwrap()))),
+        Box::new(key().recipient().unwrap()),
+    ];
+    let encryptor = Encryptor::new(&recipients, Params::new(Mode::Gcm, 256).unwrap()).unwrap();
+    let mut sealed = Vec::new();
+    encryptor
+        .encrypt(&b"mixed"[..], &mut sealed, &StreamOptions::sequential())
+        .unwrap();
+    let lied_to = || Box::new(liar().into_identity().unwrap()) as Box<dyn Identity>;
+
+    // Alone, the lied-to key fails as before: the header MAC refuses it.
+    let err = Decryptor::new(vec![lied_to()])
+        .decrypt(&sealed[..], Vec::new(), &StreamOptions::sequential())
+        .unwrap_err();
+    assert!(err.is_integrity(), "{err}");
+
+    // With an identity not in memory (a TPM key) that gets the right key.
+    let shared = Shared::default();
+    let both =
+        Decryptor::new(vec![lied_to(), device()]).with_session_cache(Box::new(shared.clone()));
+    let mut out = Vec::new();
+    both.decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, b"mixed");
+    assert_eq!((shared.gets(), shared.len()), (1, 1), "asked, then fed");
+
+    // With the session cache holding the key.
+    let cached = Decryptor::new(vec![lied_to()]).with_session_cache(Box::new(shared.clone()));
+    let mut out = Vec::new();
+    cached
+        .decrypt(&sealed[..], &mut out, &StreamOptions::sequential())
+        .unwrap();
+    assert_eq!(out, b"mixed");
+    assert_eq!(cached.unwrap_count(), 0);
+}
+
 type Entries = Vec<([u8; 32], [u8; 32])>;
 
 /// A session cache in memory that counts the times it is asked.
