@@ -1209,6 +1209,43 @@ fn kill_9_while_versions_arrive_loses_none() {
     );
 }
 
+/// A directory moved out of SRC while the daemon runs takes its files'
+/// journal records with it on disk too: a file of the same name made
+/// there while the daemon is stopped is a newcomer at the next start, and
+/// the gone file's ciphertext is never replaced by it. (The records used
+/// to be dropped in memory only, and a restart trusted them again.)
+#[test]
+fn a_directory_moved_out_keeps_its_ciphertexts_after_a_restart() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let dir = s.src().join("d");
+    let a_ct = s.dest().join("d/a.tpmc");
+    write_file(&dir.join("a"), b"a, the first");
+    write_file(&dir.join("b"), b"b, the first");
+    wait_for("d/a.tpmc and d/b.tpmc", Duration::from_secs(10), || {
+        a_ct.exists() && s.dest().join("d/b.tpmc").exists()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // Moved out of SRC: one event for the directory, none for its files.
+    fs::rename(&dir, s.path().join("d-elsewhere")).expect("mv d out of SRC");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    // While it is stopped: a new d/a.
+    write_file(&dir.join("a"), b"a, a newcomer");
+    let child = s.start(1, &[], true);
+    let a2 = s.dest().join(format!("d/{}", version_name("a", 2)));
+    wait_for("the newcomer's ciphertext", Duration::from_secs(10), || {
+        s.stats()["files"] == 1
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert_eq!(
+        s.decrypt_one(&a_ct),
+        b"a, the first",
+        "the gone file's ciphertext was replaced"
+    );
+    assert_eq!(s.decrypt_one(&a2), b"a, a newcomer");
+}
+
 /// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
 /// still in SRC follows its edits. But a ciphertext whose source is gone
 /// (removed, or taken by an earlier --delete-plaintext run) is never

@@ -879,11 +879,13 @@ impl Coordinator {
                         Err(_) => {}
                     }
                 }
+                EventKind::Remove(RemoveKind::File) => self.forget(&rel, false),
+                // A name moved out of SRC may be a directory's (the event
+                // does not say), with files of its own beneath it.
                 EventKind::Modify(ModifyKind::Name(RenameMode::From))
-                | EventKind::Remove(RemoveKind::File)
                 | EventKind::Remove(RemoveKind::Any)
-                | EventKind::Remove(RemoveKind::Other) => self.forget(&rel, false),
-                EventKind::Remove(RemoveKind::Folder) => self.forget(&rel, true),
+                | EventKind::Remove(RemoveKind::Other)
+                | EventKind::Remove(RemoveKind::Folder) => self.forget(&rel, true),
                 EventKind::Modify(ModifyKind::Data(_)) => self.sched.written(&rel, settle_at),
                 _ => {}
             }
@@ -906,7 +908,13 @@ impl Coordinator {
             }
         }
         if tree {
-            self.journal().retain(|p, _| !p.starts_with(rel));
+            // Beneath a directory that went: the records of files not in
+            // flight (not scheduled, or scheduled and just forgotten).
+            let sched = &self.sched;
+            let removed = self.journal().remove_under(rel, |p| !sched.is_in_flight(p));
+            if let Err(e) = removed {
+                self.journal_error(e);
+            }
         }
     }
 

@@ -233,6 +233,23 @@ impl Journal {
         self.append(format_put(rel, &r))
     }
 
+    /// Forgets `rel` and every path beneath it for which `forget` is true,
+    /// on disk too (a line each): a restart must not take a newcomer of
+    /// the same name for the source a record was about.
+    pub fn remove_under(&mut self, rel: &Path, forget: impl Fn(&Path) -> bool) -> io::Result<()> {
+        let mut under: Vec<PathBuf> = self
+            .records
+            .keys()
+            .filter(|p| p.starts_with(rel) && forget(p))
+            .cloned()
+            .collect();
+        under.sort();
+        for p in under {
+            self.remove(&p)?;
+        }
+        Ok(())
+    }
+
     /// Forgets `rel`.
     pub fn remove(&mut self, rel: &Path) -> io::Result<()> {
         self.fresh.remove(rel);
@@ -359,6 +376,31 @@ mod tests {
         j.compact().unwrap();
         let j = Journal::load(dir.path()).unwrap();
         assert_eq!(j.get(b), Some(r(3)));
+    }
+
+    #[test]
+    fn remove_under_forgets_a_tree_on_disk_but_what_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::load(dir.path()).unwrap();
+        j.compact().unwrap();
+        let r = Record {
+            size: 1,
+            mtime_ns: 2,
+            ino: 3,
+            ct_len: 4,
+            version: 1,
+            ct_ino: 5,
+        };
+        for p in ["d/a", "d/b", "d/e/f", "dx", "e"] {
+            j.put(Path::new(p), r).unwrap();
+        }
+        j.remove_under(Path::new("d"), |p| p != Path::new("d/b"))
+            .unwrap();
+        j.flush().unwrap();
+        let j = Journal::load(dir.path()).unwrap();
+        let mut left: Vec<_> = j.records.keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["d/b", "dx", "e"].map(PathBuf::from));
     }
 
     #[test]

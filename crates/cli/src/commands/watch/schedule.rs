@@ -139,6 +139,13 @@ impl Schedule {
         self.entries.contains_key(rel)
     }
 
+    /// Whether a job for `rel` is handed out and not yet finished.
+    pub fn is_in_flight(&self, rel: &Path) -> bool {
+        self.entries
+            .get(rel)
+            .is_some_and(|e| e.state == State::InFlight)
+    }
+
     /// Jobs handed out and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.in_flight
