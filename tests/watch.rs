@@ -1246,6 +1246,30 @@ fn a_directory_moved_out_keeps_its_ciphertexts_after_a_restart() {
     assert_eq!(s.decrypt_one(&a2), b"a, a newcomer");
 }
 
+/// A directory moved out of SRC and back, unchanged, is recognised: its
+/// files are the very ones encrypted (same inode, size and mtime, and
+/// their ciphertexts in place), so no version is added for them.
+#[test]
+fn a_directory_moved_out_and_back_is_not_encrypted_again() {
+    let s = Scratch::new();
+    let child = s.start(0, &[], true);
+    let dir = s.src().join("d");
+    write_file(&dir.join("f"), b"f");
+    write_file(&dir.join("sub/g"), b"g");
+    wait_for("d's ciphertexts", Duration::from_secs(10), || {
+        s.dest().join("d/f.tpmc").exists() && s.dest().join("d/sub/g.tpmc").exists()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let out = s.path().join("d-out");
+    fs::rename(&dir, &out).expect("mv d out");
+    std::thread::sleep(Duration::from_millis(300));
+    fs::rename(&out, &dir).expect("mv d back");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(ciphertexts(&s.dest()), 2, "{:?}", walk(&s.dest()));
+    assert_eq!(s.stats()["files"], 2, "encrypted again");
+}
+
 /// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
 /// still in SRC follows its edits. But a ciphertext whose source is gone
 /// (removed, or taken by an earlier --delete-plaintext run) is never

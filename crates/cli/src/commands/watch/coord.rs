@@ -713,16 +713,31 @@ impl Coordinator {
             // Under --delete-plaintext only sources kept for their other
             // hard links are skipped on a record.
             let skippable = !self.ctx.delete || f.meta.nlink() > 1;
+            let m = &f.meta;
+            let mtime = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+            let ctx = &self.ctx;
+            let is_it = |rec: &Record| {
+                rec.same_source(m.size(), mtime, m.ino())
+                    && worker::ciphertext_present(&ctx.version_path(&f.rel, rec.version), rec)
+            };
             let rec = self.journal().get(&f.rel);
-            if let Some(rec) = rec.filter(|_| skippable) {
-                let m = &f.meta;
-                let mtime = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
-                if rec.same_source(m.size(), mtime, m.ino())
-                    && worker::ciphertext_present(&self.ctx.version_path(&f.rel, rec.version), &rec)
-                {
-                    unchanged.insert(f.rel);
-                    continue;
+            let known = match rec {
+                Some(rec) => skippable && is_it(&rec),
+                // Forgotten with a directory that left SRC and came back.
+                None if skippable => {
+                    let recognised = self.journal().recognise(&f.rel, is_it);
+                    recognised
+                        .unwrap_or_else(|e| {
+                            warn!("{}: cannot write the journal: {e}", show(&f.rel));
+                            None
+                        })
+                        .is_some()
                 }
+                None => false,
+            };
+            if known {
+                unchanged.insert(f.rel);
+                continue;
             }
             self.schedule(f.rel, now, None);
         }

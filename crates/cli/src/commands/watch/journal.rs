@@ -77,7 +77,14 @@ pub struct Journal {
     /// As loaded: every record of a path since it was last forgotten,
     /// oldest first, until [`Journal::settle`] picks the one that holds.
     loaded: HashMap<PathBuf, Vec<Record>>,
+    /// Records forgotten with a directory that left SRC, in memory only:
+    /// if the very file comes back ([`Journal::recognise`]), its record
+    /// is restored instead of a version being added.
+    gone: HashMap<PathBuf, Record>,
 }
+
+/// At most this many forgotten records are kept for recognition.
+const MAX_GONE: usize = 100_000;
 
 fn decode_path(h: &str) -> Option<PathBuf> {
     hex::decode(h)
@@ -170,6 +177,7 @@ impl Journal {
             out: None,
             dirty: false,
             loaded,
+            gone: HashMap::new(),
         })
     }
 
@@ -228,6 +236,7 @@ impl Journal {
         if self.records.get(rel) == Some(&r) {
             return Ok(());
         }
+        self.gone.remove(rel);
         self.records.insert(rel.to_path_buf(), r);
         self.fresh.insert(rel.to_path_buf());
         self.append(format_put(rel, &r))
@@ -245,9 +254,37 @@ impl Journal {
             .collect();
         under.sort();
         for p in under {
+            if let Some(r) = self.records.get(&p).copied() {
+                if self.gone.len() >= MAX_GONE {
+                    self.gone.clear();
+                }
+                self.gone.insert(p.clone(), r);
+            }
             self.remove(&p)?;
         }
         Ok(())
+    }
+
+    /// A record forgotten with its directory, restored if `is_it` says the
+    /// file now at `rel` is the one it was about (same inode, size and
+    /// mtime, its ciphertext in place): a directory moved out of SRC and
+    /// back is not encrypted again. The record is written again, not as
+    /// this run's ([`Journal::is_fresh`] stays false).
+    pub fn recognise(
+        &mut self,
+        rel: &Path,
+        is_it: impl FnOnce(&Record) -> bool,
+    ) -> io::Result<Option<Record>> {
+        let Some(r) = self.gone.get(rel).copied() else {
+            return Ok(None);
+        };
+        if !is_it(&r) {
+            return Ok(None);
+        }
+        self.gone.remove(rel);
+        self.records.insert(rel.to_path_buf(), r);
+        self.append(format_put(rel, &r))?;
+        Ok(Some(r))
     }
 
     /// Forgets `rel`.
@@ -401,6 +438,41 @@ mod tests {
         let mut left: Vec<_> = j.records.keys().cloned().collect();
         left.sort();
         assert_eq!(left, ["d/b", "dx", "e"].map(PathBuf::from));
+    }
+
+    #[test]
+    fn a_forgotten_record_is_restored_only_for_the_very_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::load(dir.path()).unwrap();
+        j.compact().unwrap();
+        let r = Record {
+            size: 1,
+            mtime_ns: 2,
+            ino: 3,
+            ct_len: 4,
+            version: 1,
+            ct_ino: 5,
+        };
+        let (a, b) = (Path::new("d/a"), Path::new("d/b"));
+        j.put(a, r).unwrap();
+        j.put(b, r).unwrap();
+        j.remove_under(Path::new("d"), |_| true).unwrap();
+        assert_eq!(j.get(a), None);
+        // Another file at d/b: not restored, and asked again later still
+        // not (its forgotten record stays for the very file).
+        assert_eq!(j.recognise(b, |_| false).unwrap(), None);
+        assert_eq!(j.get(b), None);
+        // The very file at d/a: restored, not as this run's.
+        assert_eq!(j.recognise(a, |x| x == &r).unwrap(), Some(r));
+        assert_eq!(j.get(a), Some(r));
+        assert!(!j.is_fresh(a));
+        j.flush().unwrap();
+        let j2 = Journal::load(dir.path()).unwrap();
+        assert_eq!((j2.get(a), j2.get(b)), (Some(r), None), "on disk too");
+        // A new record for d/b drops its forgotten one.
+        j.put(b, Record { ct_ino: 9, ..r }).unwrap();
+        j.remove(b).unwrap();
+        assert_eq!(j.recognise(b, |_| true).unwrap(), None);
     }
 
     #[test]
