@@ -1270,6 +1270,55 @@ fn a_directory_moved_out_and_back_is_not_encrypted_again() {
     assert_eq!(s.stats()["files"], 2, "encrypted again");
 }
 
+/// Without --delete-plaintext, a source removed while its job is in flight
+/// is gone: a new file of the same name that the job then opens is a
+/// newcomer, and the removed source's ciphertext, the only copy of its
+/// plaintext, is never replaced by it. (The job used to carry the record
+/// as it was when dispatched, and replaced it.)
+#[test]
+fn a_source_removed_while_in_flight_keeps_its_ciphertext() {
+    let s = Scratch::new();
+    let child = s.start_env(
+        0,
+        &[],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:1500")],
+    );
+    let a = s.src().join("a");
+    let ct = s.dest().join("a.tpmc");
+    write_file(&a, b"the old a");
+    wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
+    wait_for("the first job's end", Duration::from_secs(30), || {
+        s.stats()["files"] == 1
+    });
+    // A job for a (opened for writing, unchanged), held before it opens
+    // the file; meanwhile a is removed and a newcomer takes its name.
+    drop(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(&a)
+            .expect("open a"),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    fs::remove_file(&a).expect("rm a");
+    write_file(&a, b"a newcomer");
+    let a2 = s.dest().join(version_name("a", 2));
+    wait_for("the newcomer's encryption", Duration::from_secs(30), || {
+        s.stats()["files"] == 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(
+        s.decrypt_one(&ct),
+        b"the old a",
+        "the gone a's ciphertext was replaced"
+    );
+    assert_eq!(s.decrypt_one(&a2), b"a newcomer");
+    assert_eq!(ciphertexts(&s.dest()), 2, "{:?}", walk(&s.dest()));
+}
+
 /// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
 /// still in SRC follows its edits. But a ciphertext whose source is gone
 /// (removed, or taken by an earlier --delete-plaintext run) is never

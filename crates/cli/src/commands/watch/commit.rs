@@ -159,6 +159,7 @@ fn commit(
     let ms = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1e3;
     let waited = oldest.map_or(0.0, |t| ms(t, started));
     let mut synced = started;
+    let mut went = std::collections::HashSet::new();
     let results = batch.commit_with(|item| {
         if std::mem::take(&mut first) {
             synced = Instant::now();
@@ -166,6 +167,16 @@ fn commit(
         }
         // Never into a DEST recreated meanwhile (by another daemon, say).
         ctx.check_dest().map_err(CommitError::Refused)?;
+        // Never over the ciphertext of a source that went while this one
+        // was encrypted (the job runs again, as a newcomer).
+        if let Some(prev) = item.replaces.filter(|_| !ctx.delete) {
+            if !ctx.still_recorded(&item.rel, &prev) {
+                went.insert(item.rel.clone());
+                return Err(CommitError::Refused(anyhow::anyhow!(
+                    "its source went while it was encrypted"
+                )));
+            }
+        }
         // Recorded before the ciphertext has its name (and so before any
         // removal of the source): after a kill -9 the next run knows
         // whose ciphertext it is, and rewrites it rather than adding a
@@ -183,6 +194,7 @@ fn commit(
         let rel = item.rel.clone();
         let outcome = match r {
             Ok(()) => finish(ctx, item, done_at, &mut removed_from),
+            Err(_) if went.contains(&item.rel) => Outcome::Changed,
             Err(e) => {
                 if matches!(e, CommitError::Rename(_) | CommitError::Directory(..)) {
                     // Perhaps the name was taken meanwhile: whatever is
@@ -224,6 +236,7 @@ fn finish(ctx: &Ctx, item: Item, done_at: Instant, removed_from: &mut Vec<OwnedF
     let Item {
         rel,
         rec,
+        replaces: _,
         source,
         no_lease,
         links,

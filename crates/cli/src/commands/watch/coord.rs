@@ -52,6 +52,10 @@ struct Coordinator {
     journal_failed: bool,
     stats: Arc<Mutex<Stats>>,
     rescan: bool,
+    /// Without --delete-plaintext: paths whose source went (removed, or
+    /// moved out of SRC) while their job was in flight; their outcome
+    /// writes no record.
+    gone_in_flight: HashSet<PathBuf>,
 }
 
 /// What the loop needs besides the coordinator.
@@ -157,6 +161,7 @@ pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
         journal_failed: false,
         stats: stats.clone(),
         rescan: false,
+        gone_in_flight: HashSet::new(),
     };
     c.start(&dirs.state)?;
     let end = c.run_loop(&LoopIo {
@@ -931,6 +936,19 @@ impl Coordinator {
                 self.journal_error(e);
             }
         }
+        if !self.ctx.delete {
+            // Without --delete-plaintext the daemon moves no source itself:
+            // one in flight that went is gone, and its record with it, now
+            // (its job's commit then refuses to replace the ciphertext it
+            // was about: commit.rs), and its outcome writes none.
+            for p in self.sched.in_flight_under(rel, tree) {
+                let removed = self.journal().remove(&p);
+                if let Err(e) = removed {
+                    self.journal_error(e);
+                }
+                self.gone_in_flight.insert(p);
+            }
+        }
     }
 
     /// A worker's outcome: the schedule says what becomes of the file;
@@ -943,6 +961,16 @@ impl Coordinator {
             return;
         };
         let wait = f.wait.unwrap_or_default();
+        // Its source went while it was in flight: no record, whatever the
+        // outcome (the committer may have written one for the ciphertext
+        // it made).
+        let gone = self.gone_in_flight.remove(&rel);
+        if gone && !matches!(outcome, Outcome::Encrypted { .. }) {
+            let removed = self.journal().remove(&rel);
+            if let Err(e) = removed {
+                self.journal_error(e);
+            }
+        }
         match outcome {
             Outcome::Encrypted {
                 rec,
@@ -962,7 +990,15 @@ impl Coordinator {
                     s.counters.deleted += u64::from(deleted);
                     s.counters.kept_no_lease += u64::from(no_lease);
                 }
-                self.record_encrypted(&rel, rec, deleted);
+                if gone {
+                    debug!("encrypted {}, whose source is gone", show(&rel));
+                    let removed = self.journal().remove(&rel);
+                    if let Err(e) = removed {
+                        self.journal_error(e);
+                    }
+                } else {
+                    self.record_encrypted(&rel, rec, deleted);
+                }
             }
             Outcome::Unchanged => self.count(|c| c.unchanged += 1),
             Outcome::NotRegular(kind) => {

@@ -139,6 +139,17 @@ impl Schedule {
         self.entries.contains_key(rel)
     }
 
+    /// The paths in flight that are `rel` or, with `tree`, beneath it.
+    pub fn in_flight_under(&self, rel: &Path, tree: bool) -> Vec<PathBuf> {
+        self.entries
+            .iter()
+            .filter(|(p, e)| {
+                e.state == State::InFlight && (p.as_path() == rel || (tree && p.starts_with(rel)))
+            })
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
     /// Whether a job for `rel` is handed out and not yet finished.
     pub fn is_in_flight(&self, rel: &Path) -> bool {
         self.entries

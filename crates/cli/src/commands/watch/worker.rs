@@ -113,6 +113,16 @@ impl Ctx {
         }
     }
 
+    /// Whether the journal still holds `rec` for `rel`: without
+    /// --delete-plaintext, a source removed (or moved out of SRC) while its
+    /// job was in flight has its record forgotten at once (coord.rs
+    /// `forget`), and a ciphertext that job was to replace is then no
+    /// longer its own: the job may have opened a newcomer of that name.
+    pub fn still_recorded(&self, rel: &Path, rec: &Record) -> bool {
+        let j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+        j.get(rel).as_ref() == Some(rec)
+    }
+
     /// Fails unless DEST is still the directory the daemon started with.
     pub fn check_dest(&self) -> anyhow::Result<()> {
         match fs::symlink_metadata(&self.dest) {
@@ -253,6 +263,9 @@ pub struct Item {
     pub rel: PathBuf,
     /// Its journal record (written just before the rename).
     pub rec: Record,
+    /// The record of the ciphertext it replaces, as the job was given it
+    /// (see [`Ctx::still_recorded`]).
+    pub replaces: Option<Record>,
     /// The source to remove after the commit, if any.
     pub source: Option<Source>,
     /// Kept under --delete-plaintext: no lease could be taken on it.
@@ -298,6 +311,7 @@ pub fn process(ctx: &Ctx, job: &Job) -> Step {
 }
 
 fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
+    pause_before_open(&job.rel);
     let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel) {
         Ok(x) => x,
         Err(OpenError::NotRegular(k)) => return Ok(Step::Done(Outcome::NotRegular(k))),
@@ -321,8 +335,12 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
     ctx.check_dest()?;
     ctx.create_dest_dirs(&job.rel)?;
     let session = ctx.session();
-    let Temporary { out, rec, dest } = match encrypt_to_temporary(ctx, job, &file, &st0, &session)?
-    {
+    let Temporary {
+        out,
+        rec,
+        dest,
+        replaces,
+    } = match encrypt_to_temporary(ctx, job, &file, &st0, &session)? {
         Ok(t) => t,
         Err(outcome) => return Ok(Step::Done(outcome)),
     };
@@ -350,6 +368,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
         item: Item {
             rel: job.rel.clone(),
             rec,
+            replaces,
             source,
             no_lease,
             links: if links { st0.nlink } else { 0 },
@@ -410,6 +429,7 @@ fn encrypt_to_temporary(
     session: &Session,
 ) -> anyhow::Result<Result<Temporary, Outcome>> {
     let (version, dest, replace) = ctx.target(job, st0, file, session);
+    let replaces = if replace { job.prev } else { None };
     let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
         .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
     let result = {
@@ -432,7 +452,12 @@ fn encrypt_to_temporary(
         version,
         ct_ino: ct.ino(),
     };
-    Ok(Ok(Temporary { out, rec, dest }))
+    Ok(Ok(Temporary {
+        out,
+        rec,
+        dest,
+        replaces,
+    }))
 }
 
 /// A ciphertext complete under its temporary name.
@@ -442,6 +467,8 @@ struct Temporary {
     rec: Record,
     /// Its final name.
     dest: PathBuf,
+    /// The record of the ciphertext it is to replace, if any.
+    replaces: Option<Record>,
 }
 
 /// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
@@ -615,6 +642,30 @@ fn put_back(
     }
     fsio::fsync(dir)
 }
+
+/// For the tests only, and only in debug builds: with
+/// `TPMCRYPT_WATCH_TEST_PAUSE=NAME:MS` a worker waits MS milliseconds
+/// before it opens a source whose file name is NAME, so that a test can
+/// act on the source while its job is in flight. Release builds have no
+/// such hook.
+#[cfg(debug_assertions)]
+fn pause_before_open(rel: &Path) {
+    let Some(spec) = std::env::var_os("TPMCRYPT_WATCH_TEST_PAUSE") else {
+        return;
+    };
+    let spec = spec.to_string_lossy().into_owned();
+    let Some((name, ms)) = spec.rsplit_once(':') else {
+        return;
+    };
+    if rel.file_name().is_some_and(|n| n == name) {
+        if let Ok(ms) = ms.parse() {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn pause_before_open(_rel: &Path) {}
 
 #[cfg(test)]
 mod tests {
