@@ -1319,6 +1319,60 @@ fn a_source_removed_while_in_flight_keeps_its_ciphertext() {
     assert_eq!(ciphertexts(&s.dest()), 2, "{:?}", walk(&s.dest()));
 }
 
+/// A removal's journal line is handed to the kernel at once: a kill -9
+/// right after the daemon forgot a removed source leaves no record for a
+/// newcomer of that name to take as its own, so the gone file's ciphertext
+/// stays. (The line used to wait in a buffer until the loop's next turn.)
+#[test]
+fn a_kill_right_after_a_removal_keeps_the_gone_files_ciphertext() {
+    let s = Scratch::new();
+    let a = s.src().join("a");
+    let ct = s.dest().join("a.tpmc");
+    let mut child = s.start_env(
+        0,
+        &[],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_CRASH_AT", "forgotten")],
+    );
+    write_file(&a, b"the old a");
+    wait_for("a's encryption", Duration::from_secs(30), || {
+        fs::read(s.path().join("stats.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .is_some_and(|v| v["files"] == 1)
+    });
+    fs::remove_file(&a).expect("rm a");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no kill at forgotten: {}",
+            s.log(0)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{}", s.log(0));
+    write_file(&a, b"a newcomer");
+    let child = s.start(1, &[], true);
+    let a2 = s.dest().join(version_name("a", 2));
+    wait_for("the newcomer's encryption", Duration::from_secs(30), || {
+        a2.exists() || s.decrypt_one(&ct) != b"the old a"
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    assert_eq!(
+        s.decrypt_one(&ct),
+        b"the old a",
+        "the gone a's ciphertext was replaced"
+    );
+    assert_eq!(s.decrypt_one(&a2), b"a newcomer");
+}
+
 /// Without --delete-plaintext DEST mirrors SRC: the ciphertext of a source
 /// still in SRC follows its edits. But a ciphertext whose source is gone
 /// (removed, or taken by an earlier --delete-plaintext run) is never

@@ -301,10 +301,11 @@ fn warn_no_lease(ctx: &Ctx, rel: &std::path::Path) {
 /// in its first batch after the data is durable and before any rename;
 /// with `=recorded`, after the first ciphertext's journal record and
 /// before its rename; with `=renamed`, after the renames and the directory
-/// sync and before any source is removed. Release builds have no such
+/// sync and before any source is removed; with `=forgotten`, right after
+/// the daemon forgot a source that went (coord.rs `forget`). Release builds have no such
 /// hook.
 #[cfg(debug_assertions)]
-fn crash_point(at: &str) {
+pub(super) fn crash_point(at: &str) {
     if std::env::var_os("TPMCRYPT_WATCH_TEST_CRASH_AT").is_some_and(|v| v == at) {
         // SAFETY: sending a signal to this very process.
         unsafe {
@@ -314,7 +315,7 @@ fn crash_point(at: &str) {
 }
 
 #[cfg(not(debug_assertions))]
-fn crash_point(_at: &str) {}
+pub(super) fn crash_point(_at: &str) {}
 
 #[cfg(test)]
 mod tests {

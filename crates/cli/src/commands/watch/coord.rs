@@ -949,6 +949,14 @@ impl Coordinator {
                 self.gone_in_flight.insert(p);
             }
         }
+        // Handed to the kernel at once: after a kill -9 a record of a source
+        // that went must not be left for a newcomer of its name to take as
+        // its own.
+        let flushed = self.journal().flush();
+        if let Err(e) = flushed {
+            self.journal_error(e);
+        }
+        super::commit::crash_point("forgotten");
     }
 
     /// A worker's outcome: the schedule says what becomes of the file;
