@@ -1328,7 +1328,7 @@ fn a_kill_right_after_a_removal_keeps_the_gone_files_ciphertext() {
     let s = Scratch::new();
     let a = s.src().join("a");
     let ct = s.dest().join("a.tpmc");
-    let mut child = s.start_env(
+    let child = s.start_env(
         0,
         &[],
         true,
@@ -1344,20 +1344,7 @@ fn a_kill_right_after_a_removal_keeps_the_gone_files_ciphertext() {
             .is_some_and(|v| v["files"] == 1)
     });
     fs::remove_file(&a).expect("rm a");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no kill at forgotten: {}",
-            s.log(0)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "{}", s.log(0));
+    self_killed(&s, child, 0, "forgotten");
     write_file(&a, b"a newcomer");
     let child = s.start(1, &[], true);
     let a2 = s.dest().join(version_name("a", 2));
@@ -2070,7 +2057,7 @@ fn watch_syncs_per_batch_not_per_file() {
 /// Starts the daemon with the debug build's crash hook at `at` and waits
 /// for it to kill itself there.
 fn killed_at(s: &Scratch, n: usize, flags: &[&str], at: &str) {
-    let mut child = s.start_env(
+    let child = s.start_env(
         n,
         flags,
         false,
@@ -2078,6 +2065,12 @@ fn killed_at(s: &Scratch, n: usize, flags: &[&str], at: &str) {
         None,
         &[("TPMCRYPT_WATCH_TEST_CRASH_AT", at)],
     );
+    self_killed(s, child, n, at);
+}
+
+/// Waits for daemon `n`, started with the crash hook at `at`, to kill
+/// itself there (SIGKILL).
+fn self_killed(s: &Scratch, mut child: Child, n: usize, at: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait") {
@@ -2085,10 +2078,7 @@ fn killed_at(s: &Scratch, n: usize, flags: &[&str], at: &str) {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!(
-                "{at}: the daemon did not kill itself in a batch: {}",
-                s.log(n)
-            );
+            panic!("{at}: the daemon did not kill itself there: {}", s.log(n));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -2165,30 +2155,7 @@ fn kill_inside_a_group_commit_loses_nothing() {
         for (rel, data) in &want {
             write_file(&s.src().join(rel), data);
         }
-        let mut child = s.start_env(
-            0,
-            &["--delete-plaintext", "--workers", "2"],
-            false,
-            &[],
-            None,
-            &[("TPMCRYPT_WATCH_TEST_CRASH_AT", at)],
-        );
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(st) = child.try_wait().expect("wait") {
-                break st;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "{at}: the daemon did not kill itself in a batch: {}",
-                    s.log(0)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "{at}: {}", s.log(0));
+        killed_at(&s, 0, &["--delete-plaintext", "--workers", "2"], at);
         // No source was removed: none had its batch finished.
         for (rel, _) in &want {
             assert!(s.src().join(rel).exists(), "{at}: {} gone", rel.display());

@@ -337,6 +337,26 @@ impl Journal {
 mod tests {
     use super::*;
 
+    /// A journal in a new directory, open for appending.
+    fn fresh() -> (tempfile::TempDir, Journal) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::load(dir.path()).unwrap();
+        j.compact().unwrap();
+        (dir, j)
+    }
+
+    /// A record whose ciphertext has inode `ct_ino`.
+    fn record(ct_ino: u64) -> Record {
+        Record {
+            size: 1,
+            mtime_ns: 2,
+            ino: 3,
+            ct_len: 4,
+            version: 1,
+            ct_ino,
+        }
+    }
+
     #[test]
     fn round_trip_and_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
@@ -379,17 +399,8 @@ mod tests {
 
     #[test]
     fn settle_picks_the_newest_record_whose_ciphertext_is_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::load(dir.path()).unwrap();
-        j.compact().unwrap();
-        let r = |ct_ino| Record {
-            size: 5,
-            mtime_ns: 1,
-            ino: 42,
-            ct_len: 99,
-            version: 1,
-            ct_ino,
-        };
+        let (dir, mut j) = fresh();
+        let r = record;
         let (a, b, c) = (Path::new("a"), Path::new("b"), Path::new("c"));
         // a: replaced, and the replacement got its name (inode 2 in place).
         j.put(a, r(1)).unwrap();
@@ -417,17 +428,8 @@ mod tests {
 
     #[test]
     fn remove_under_forgets_a_tree_on_disk_but_what_is_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::load(dir.path()).unwrap();
-        j.compact().unwrap();
-        let r = Record {
-            size: 1,
-            mtime_ns: 2,
-            ino: 3,
-            ct_len: 4,
-            version: 1,
-            ct_ino: 5,
-        };
+        let (dir, mut j) = fresh();
+        let r = record(5);
         for p in ["d/a", "d/b", "d/e/f", "dx", "e"] {
             j.put(Path::new(p), r).unwrap();
         }
@@ -442,17 +444,8 @@ mod tests {
 
     #[test]
     fn a_forgotten_record_is_restored_only_for_the_very_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::load(dir.path()).unwrap();
-        j.compact().unwrap();
-        let r = Record {
-            size: 1,
-            mtime_ns: 2,
-            ino: 3,
-            ct_len: 4,
-            version: 1,
-            ct_ino: 5,
-        };
+        let (dir, mut j) = fresh();
+        let r = record(5);
         let (a, b) = (Path::new("d/a"), Path::new("d/b"));
         j.put(a, r).unwrap();
         j.put(b, r).unwrap();
@@ -477,18 +470,9 @@ mod tests {
 
     #[test]
     fn flush_for_sync_flushes_and_hands_out_the_file_only_when_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::load(dir.path()).unwrap();
-        j.compact().unwrap();
+        let (dir, mut j) = fresh();
         assert!(j.flush_for_sync().unwrap().is_none(), "nothing appended");
-        let r = Record {
-            size: 1,
-            mtime_ns: 2,
-            ino: 3,
-            ct_len: 4,
-            version: 1,
-            ct_ino: 5,
-        };
+        let r = record(5);
         j.put(Path::new("x"), r).unwrap();
         let file = j
             .flush_for_sync()

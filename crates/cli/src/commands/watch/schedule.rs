@@ -238,11 +238,7 @@ impl Schedule {
         };
         gone.into_iter()
             .filter(|p| {
-                if self
-                    .entries
-                    .get(p)
-                    .is_some_and(|e| e.state == State::InFlight)
-                {
+                if self.is_in_flight(p) {
                     return false;
                 }
                 self.entries.remove(p);
