@@ -25,11 +25,11 @@ fn version_names_backends_and_tpm2_tss() {
     assert_eq!(lines.len(), 3, "{text}");
     assert_eq!(lines[0], concat!("tpmcrypt ", env!("CARGO_PKG_VERSION")));
     let backends = lines[1].strip_prefix("backends: ").expect(lines[1]);
-    for name in ["openssl", "ring", "rustcrypto"] {
+    for name in ["openssl", "ring", "rustcrypto", "aws-lc"] {
         assert!(backends.contains(name), "{backends}");
     }
     assert!(
-        backends.contains("(default: ring for AES-128-GCM"),
+        backends.contains("(default: aws-lc for AES-128-GCM"),
         "{backends}"
     );
     let built = pkg_config_esys_version();

@@ -121,9 +121,8 @@ fn backend_served(arg: Option<BackendArg>) -> bool {
 }
 
 /// `encrypt` to recovery recipient strings and P-256 keystore keys, in GCM
-/// with a key size
-/// ring serves (the default backend's choice would be OpenSSL's for the
-/// others, and its speed is kept for them).
+/// with a key size aws-lc and ring serve (the default backend's choice
+/// would be OpenSSL's for the others, and its speed is kept for them).
 fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     let start = Instant::now();
     if !backend_served(args.files.backend) {

@@ -40,7 +40,7 @@ pub fn long() -> String {
 }
 
 /// The default backend of each mode and key size, grouped:
-/// `ring for AES-128/256-GCM, openssl for AES-192-GCM and AES-CBC`.
+/// `aws-lc for AES-128/256-GCM, openssl for AES-192-GCM and AES-CBC`.
 fn defaults() -> String {
     let cases = [
         (Mode::Gcm, 128, "AES-128-GCM"),

@@ -9,14 +9,24 @@
 
 //!
 //! Each backend sits behind the cargo feature of its name (`openssl`,
-//! `ring`, `rustcrypto`); all three are on by default, as the command line
-//! offers `--backend` and the fastest one differs by mode and key size. Any
+//! `ring`, `rustcrypto`, `aws-lc`); all four are on by default, as the
+//! command line offers `--backend` and the fastest one differs by mode, key
+//! size and CPU. Any
 //! non-empty subset builds; a backend left out is a clear error from
 //! [`by_name`].
 
-#[cfg(not(any(feature = "openssl", feature = "ring", feature = "rustcrypto")))]
-compile_error!("tpmcrypt-cipher needs at least one backend feature: openssl, ring or rustcrypto");
+#[cfg(not(any(
+    feature = "openssl",
+    feature = "ring",
+    feature = "rustcrypto",
+    feature = "aws-lc"
+)))]
+compile_error!(
+    "tpmcrypt-cipher needs at least one backend feature: openssl, ring, rustcrypto or aws-lc"
+);
 
+#[cfg(feature = "aws-lc")]
+mod aws_lc;
 #[cfg(feature = "openssl")]
 mod openssl_evp;
 #[cfg(feature = "ring")]
@@ -28,6 +38,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "aws-lc")]
+pub use aws_lc::AwsLc;
 #[cfg(feature = "openssl")]
 pub use openssl_evp::OpenSsl;
 #[cfg(feature = "ring")]
@@ -103,7 +115,7 @@ pub struct AuthFailed;
 
 /// One implementation of the primitives.
 pub trait Backend: Send + Sync {
-    /// Short, stable name (`openssl`, `rustcrypto`, `ring`).
+    /// Short, stable name (`openssl`, `rustcrypto`, `ring`, `aws-lc`).
     fn name(&self) -> &'static str;
 
     /// Whether this backend implements AES-GCM with `key_len`-byte keys.
@@ -126,7 +138,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// Names of every backend there is, compiled in or not.
-pub const NAMES: [&str; 3] = ["openssl", "ring", "rustcrypto"];
+pub const NAMES: [&str; 4] = ["openssl", "ring", "rustcrypto", "aws-lc"];
 
 /// OpenSSL's backend, once [`enable_openssl`] ran in this process.
 #[cfg(feature = "openssl")]
@@ -160,6 +172,8 @@ pub(crate) fn compiled(name: &str) -> Option<Arc<dyn Backend>> {
         "ring" => Some(Arc::new(Ring)),
         #[cfg(feature = "rustcrypto")]
         "rustcrypto" => Some(Arc::new(RustCrypto)),
+        #[cfg(feature = "aws-lc")]
+        "aws-lc" => Some(Arc::new(AwsLc)),
         _ => None,
     }
 }

@@ -47,6 +47,9 @@ pub enum BackendArg {
     Ring,
     /// RustCrypto (pure Rust).
     Rustcrypto,
+    /// AWS-LC (GCM 128/256 only; 512-bit VAES where the CPU has it).
+    #[value(name = "aws-lc")]
+    AwsLc,
 }
 
 impl BackendArg {
@@ -56,6 +59,7 @@ impl BackendArg {
             BackendArg::Openssl => "openssl",
             BackendArg::Ring => "ring",
             BackendArg::Rustcrypto => "rustcrypto",
+            BackendArg::AwsLc => "aws-lc",
         }
     }
 }

@@ -1,0 +1,117 @@
+//! `aws-lc-rs`: AWS-LC, Amazon's BoringSSL/OpenSSL-derived library (the
+//! default provider of rustls). Its AES-GCM has a 512-bit VAES + VPCLMULQDQ
+//! path, which AMD Zen 4/5 and recent Intel cores run at about twice the
+//! speed of the 256-bit path ring has (23 against 11 GB/s a core on a Zen 5
+//! EPYC). Like ring it seals in place; this backend offers GCM with 128- and
+//! 256-bit keys, HMAC and HKDF, and leaves CBC to the others.
+//!
+//! Key schedules live in AWS-LC's heap, which it wipes when it frees them
+//! (`OPENSSL_free` cleanses), so dropping a key leaves no copy behind.
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM};
+use aws_lc_rs::{hkdf, hmac};
+
+use super::{AuthFailed, Backend, CbcKey, GcmKey, Hash, GCM_NONCE_LEN};
+use crate::error::{Error, Result};
+
+/// The AWS-LC backend (GCM with 128- and 256-bit keys, HMAC, HKDF).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AwsLc;
+
+const NAME: &str = "aws-lc";
+
+struct Gcm(LessSafeKey);
+
+impl GcmKey for Gcm {
+    fn seal(&mut self, nonce: &[u8; GCM_NONCE_LEN], aad: &[u8], buf: &mut Vec<u8>) -> Result<()> {
+        let tag = self
+            .0
+            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
+            .map_err(|_| Error::Backend("aws-lc: seal failed".into()))?;
+        buf.extend_from_slice(tag.as_ref());
+        Ok(())
+    }
+
+    fn open(
+        &mut self,
+        nonce: &[u8; GCM_NONCE_LEN],
+        aad: &[u8],
+        buf: &mut [u8],
+    ) -> std::result::Result<usize, AuthFailed> {
+        self.0
+            .open_in_place(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
+            .map(|pt| pt.len())
+            .map_err(|_| AuthFailed)
+    }
+}
+
+/// Output length for the HKDF API.
+struct Len(usize);
+
+impl hkdf::KeyType for Len {
+    fn len(&self) -> usize {
+        self.0
+    }
+}
+
+impl Backend for AwsLc {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn supports_gcm(&self, key_len: usize) -> bool {
+        matches!(key_len, 16 | 32)
+    }
+
+    fn supports_cbc(&self) -> bool {
+        false
+    }
+
+    fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>> {
+        let alg = match key.len() {
+            16 => &AES_128_GCM,
+            32 => &AES_256_GCM,
+            _ => {
+                return Err(Error::Unsupported {
+                    backend: NAME,
+                    what: "AES-GCM with this key size (only 128 and 256 bits)",
+                })
+            }
+        };
+        let key =
+            UnboundKey::new(alg, key).map_err(|_| Error::Backend("aws-lc: bad key".into()))?;
+        Ok(Box::new(Gcm(LessSafeKey::new(key))))
+    }
+
+    fn cbc(&self, _key: &[u8]) -> Result<Box<dyn CbcKey>> {
+        Err(Error::Unsupported {
+            backend: NAME,
+            what: "AES-CBC",
+        })
+    }
+
+    fn hmac(&self, hash: Hash, key: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>> {
+        let alg = match hash {
+            Hash::Sha256 => hmac::HMAC_SHA256,
+            Hash::Sha384 => hmac::HMAC_SHA384,
+            Hash::Sha512 => hmac::HMAC_SHA512,
+        };
+        let key = hmac::Key::new(alg, key);
+        let mut ctx = hmac::Context::with_key(&key);
+        for part in parts {
+            ctx.update(part);
+        }
+        Ok(ctx.sign().as_ref().to_vec())
+    }
+
+    fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()> {
+        let too_long = || Error::InvalidParams("HKDF output longer than 255 blocks".into());
+        if out.len() > 255 * 32 {
+            return Err(too_long());
+        }
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(ikm);
+        let info = [info];
+        let okm = prk.expand(&info, Len(out.len())).map_err(|_| too_long())?;
+        okm.fill(out).map_err(|_| too_long())
+    }
+}
