@@ -328,6 +328,44 @@ fn a_world_writable_socket_directory_of_our_own_is_refused() {
     );
 }
 
+/// A decrypt that a recovery identity serves never needs the agent, so it
+/// does not look at the socket: one it would refuse costs it no warning
+/// and gets nothing, through the front (one file to stdout) and through
+/// tpmcrypt-full (`-r`). A decrypt that does need the agent still warns
+/// (`a_world_writable_socket_directory_of_our_own_is_refused`).
+#[test]
+fn a_recovery_decrypt_never_looks_at_a_socket_it_would_refuse() {
+    let dir = scratch();
+    let d = dir.path();
+    let file = encrypted_file(d);
+    fs::create_dir(d.join("tree")).unwrap();
+    fs::copy(&file, d.join("tree/a.tpmc")).unwrap();
+    fs::copy(&file, d.join("tree/b.tpmc")).unwrap();
+    let loose = d.join("loose");
+    fs::create_dir(&loose).unwrap();
+    let logdir = d.join("log");
+    their_dir(&logdir, 0o755);
+    common::chmod(&loose, 0o777);
+    let sock = loose.join("agent.sock");
+    let squatter = Squatter::start(d, &sock, &logdir);
+    let sock = sock.to_str().unwrap();
+    let env = [("TPMCRYPT_AGENT_SOCK", sock)];
+    let front = ["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"];
+    let full = ["decrypt", "-i", "rec.key", "-r", "tree"];
+    for (what, args) in [("one file", &front[..]), ("-r", &full[..])] {
+        let r = run_env(d, &env, args);
+        assert_eq!(r.code, 0, "{what}: {}", r.stderr);
+        assert!(
+            !r.stderr.contains("agent"),
+            "{what}: a run that needs no agent spoke of it: {:?}",
+            r.stderr
+        );
+        assert_eq!(squatter.received(), Vec::<String>::new(), "{what}");
+    }
+    assert_eq!(fs::read(d.join("tree/a")).unwrap(), bytes(5000, 3));
+    assert_eq!(fs::read(d.join("tree/b")).unwrap(), bytes(5000, 3));
+}
+
 // ------------------------------------------------ exit codes tell the truth
 
 fn run_env(d: &Path, env: &[(&str, &str)], args: &[&str]) -> Run {

@@ -19,8 +19,10 @@
 //!   before anything is written.
 //!
 //! Everything else, and anything in doubt (a recipients file, an RSA key, CBC,
-//! `--backend openssl`, a PIN file, a keystore or agent socket that would
-//! earn a warning, a file the agent and `-i` cannot open, a command-line
+//! `--backend openssl`, a PIN file or keystore that would earn a warning,
+//! a file the agent and `-i` cannot open (an agent socket refused counts
+//! as no agent; the socket is looked at only when the agent is asked), a
+//! command-line
 //! error, `--help`), is handed over with `execve`: the same process, the
 //! same arguments, environment and descriptors, so `tpmcrypt-full` says
 //! and does exactly what it would have said and done if run directly.
@@ -59,6 +61,7 @@ use tpmcrypt_tpmkey::agent::{self, AgentClient};
 
 use crate::args::value::BackendArg;
 use crate::args::Command;
+use crate::commands::agent::LazyAgent;
 use crate::commands::crypt::{self, DecryptArgs, EncryptArgs, TpmUse};
 use crate::files::{self, Source};
 use crate::ui::Ui;
@@ -181,26 +184,31 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         // "No identity" is tpmcrypt-full's usage error, before any other.
         return None;
     }
-    let agent = match AgentClient::checked(&agent::socket_path()) {
-        Ok(agent) => agent,
-        // tpmcrypt-full warns of it.
-        Err(_) => return None,
-    };
-    // The agent's failures while the front decides are said only once the
-    // run uses the key found then (tpmcrypt-full, which asks the agent
-    // there, would say them once more after a hand-over, and not at all
-    // in a run that fails before); after that, as they come.
+    // The agent's failures while the front decides (a socket it refuses
+    // included) are said only once the run uses the key found then
+    // (tpmcrypt-full, which asks the agent there, would say them once more
+    // after a hand-over, and not at all in a run that fails before); after
+    // that, as they come. The socket is looked at only when the agent is
+    // asked: not at all when a -i identity in memory opens the file.
     let held = Held::default();
-    let agent = std::cell::Cell::new(agent);
     let cache = || {
-        agent.take().map(|client| {
-            let on = held.clone();
+        let on = held.clone();
+        let find = move || {
+            let client = match AgentClient::checked(&agent::socket_path()) {
+                Ok(client) => client?,
+                Err(e) => {
+                    on.say(e.to_string());
+                    return None;
+                }
+            };
+            let on = on.clone();
             let on_failure = move |e: &tpmcrypt_tpmkey::Error| on.say(e.to_string());
-            Box::new(HeldAgent {
-                agent: AgentCache::new(client, Box::new(on_failure)),
-                held: held.clone(),
-            }) as Box<dyn SessionCache>
-        })
+            Some(AgentCache::new(client, Box::new(on_failure)))
+        };
+        Some(Box::new(HeldAgent {
+            agent: LazyAgent::new(find),
+            held: held.clone(),
+        }) as Box<dyn SessionCache>)
     };
     let check = |plan: &files::Plan, decryptor: &Decryptor| -> anyhow::Result<()> {
         let [task] = plan.tasks.as_slice() else {
@@ -258,12 +266,12 @@ impl Held {
 
 /// The agent as the run's session cache, with its warnings held until the
 /// key the front's check found is used.
-struct HeldAgent {
-    agent: AgentCache,
+struct HeldAgent<F> {
+    agent: LazyAgent<F>,
     held: Held,
 }
 
-impl SessionCache for HeldAgent {
+impl<F: Fn() -> Option<AgentCache> + Send + Sync> SessionCache for HeldAgent<F> {
     fn get(&self, digest: &[u8; 32]) -> Option<tpmcrypt_cipher::SessionKey> {
         self.agent.get(digest)
     }

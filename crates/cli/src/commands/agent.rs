@@ -113,9 +113,50 @@ fn checked_client() -> Option<AgentClient> {
     }
 }
 
-/// The agent (see [`checked_client`]) as the decryptor's session cache.
-pub fn cache() -> Option<AgentCache> {
-    checked_client().map(|client| AgentCache::new(client, Box::new(warn_not_using)))
+/// The agent (see [`checked_client`]) as the decryptor's session cache,
+/// looked for at the cache's first request (see [`LazyAgent`]).
+pub fn cache() -> LazyAgent<impl Fn() -> Option<AgentCache> + Send + Sync> {
+    LazyAgent::new(|| checked_client().map(|c| AgentCache::new(c, Box::new(warn_not_using))))
+}
+
+/// An agent cache made by `find` at its first request. A decrypt asks
+/// its in-memory identities (recovery keys) before the cache, so a run
+/// that they serve never looks at the socket, never connects, and never
+/// warns about a socket it would not have used.
+pub struct LazyAgent<F> {
+    find: F,
+    agent: std::sync::OnceLock<Option<AgentCache>>,
+}
+
+impl<F: Fn() -> Option<AgentCache> + Send + Sync> LazyAgent<F> {
+    /// A cache that calls `find` once, when first asked.
+    pub fn new(find: F) -> Self {
+        LazyAgent {
+            find,
+            agent: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn agent(&self) -> Option<&AgentCache> {
+        self.agent.get_or_init(&self.find).as_ref()
+    }
+}
+
+impl<F: Fn() -> Option<AgentCache> + Send + Sync> tpmcrypt_cipher::SessionCache for LazyAgent<F> {
+    fn get(&self, digest: &[u8; 32]) -> Option<tpmcrypt_cipher::SessionKey> {
+        self.agent()?.get(digest)
+    }
+    fn put(&self, digest: &[u8; 32], key: &tpmcrypt_cipher::SessionKey) {
+        if let Some(agent) = self.agent() {
+            agent.put(digest, key)
+        }
+    }
+    fn used(&self, digest: &[u8; 32]) {
+        // Not looked for yet: nothing of it was used.
+        if let Some(Some(agent)) = self.agent.get() {
+            agent.used(digest)
+        }
+    }
 }
 
 /// An encryptor for `recipients`, joining the agent's session when

@@ -400,8 +400,7 @@ pub fn decrypt(args: &DecryptArgs, ui: &Ui) -> anyhow::Result<i32> {
         access,
     } = options::identities(ui, &args.identities)?;
     let cache = || {
-        crate::commands::agent::cache()
-            .map(|agent| Box::new(agent) as Box<dyn tpmcrypt_cipher::SessionCache>)
+        Some(Box::new(crate::commands::agent::cache()) as Box<dyn tpmcrypt_cipher::SessionCache>)
     };
     decrypt_with(
         args,

@@ -388,10 +388,8 @@ pub fn run(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<i32> {
         access,
     } = options::identities(ui, &args.identities)?;
     let plan = files::plan(&fargs, Naming::Rekey)?;
-    let mut decryptor = Decryptor::new(identities);
-    if let Some(agent) = crate::commands::agent::cache() {
-        decryptor = decryptor.with_session_cache(Box::new(agent));
-    }
+    let decryptor =
+        Decryptor::new(identities).with_session_cache(Box::new(crate::commands::agent::cache()));
     let rekeyer = Rekeyer {
         decryptor,
         targets,
