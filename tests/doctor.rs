@@ -155,7 +155,7 @@ fn a_healthy_simulator_is_exit_0_with_every_field() {
     for f in ["aes_ni", "vaes", "pclmulqdq"] {
         assert!(v["cpu"][f].is_boolean(), "cpu.{f}: {v}");
     }
-    assert_eq!(v["backend"]["default_gcm"], "aws-lc");
+    assert_eq!(v["backend"]["default_gcm"], common::default_gcm_backend());
     assert_eq!(v["backend"]["default_cbc"], "openssl");
     assert_eq!(v["agent"]["running"], false);
     let warnings = v["warnings"].to_string();

@@ -645,3 +645,65 @@ fn without_proc_argv0_never_chooses_tpmcrypt_full() {
     );
     assert!(x.stderr.lines().count() <= 2, "{}", x.stderr);
 }
+
+/// `OPENSSL_ia32cap` is OpenSSL's knob. AWS-LC (the default AES-GCM
+/// backend, linked into both executables) reads it too, as the
+/// executable loads: a value that claims features this CPU lacks stopped
+/// every command there (SIGABRT), an empty one turned its assembly off.
+/// tpmcrypt hides it from AWS-LC, and it still reaches tpmcrypt-full
+/// after the front hands over, for OpenSSL to read.
+#[test]
+fn openssl_ia32cap_is_left_to_openssl() {
+    let dir = scratch();
+    let d = dir.path();
+    encrypted_file(d, 3_000, 9);
+    let r = recovery(d, "id2");
+    for value in ["0xffffffffffffffff:0xffffffffffffffff", ""] {
+        let dec = tpmcrypt(d)
+            .env("OPENSSL_ia32cap", value)
+            .args(["decrypt", "-i", "id", "-o", "-", "f.tpmc"])
+            .output()
+            .expect("spawn");
+        let dec: Run = dec.into();
+        assert_eq!(
+            dec.code, 0,
+            "decrypt, OPENSSL_ia32cap={value:?}: {}",
+            dec.stderr
+        );
+        assert!(dec.stdout == bytes(3_000, 9), "OPENSSL_ia32cap={value:?}");
+        let enc: Run = tpmcrypt(d)
+            .env("OPENSSL_ia32cap", value)
+            .args(["encrypt", "-R", &r, "-o", "g.tpmc", "--force", "f"])
+            .output()
+            .expect("spawn")
+            .into();
+        assert_eq!(
+            enc.code, 0,
+            "encrypt, OPENSSL_ia32cap={value:?}: {}",
+            enc.stderr
+        );
+    }
+    // A run handed over (the agent) keeps it in its environment.
+    let mut agent = tpmcrypt(d)
+        .env("OPENSSL_ia32cap", "~0x0")
+        .args(["agent", "--ttl", "1m"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.join(".tpmcrypt-agent.sock").exists() {
+        assert!(Instant::now() < deadline, "agent socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let exe = fs::read_link(format!("/proc/{}/exe", agent.id())).unwrap();
+    let environ = fs::read(format!("/proc/{}/environ", agent.id())).unwrap();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(exe.ends_with("tpmcrypt-full"), "{}", exe.display());
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == b"OPENSSL_ia32cap=~0x0"),
+        "OPENSSL_ia32cap did not reach tpmcrypt-full"
+    );
+}

@@ -569,3 +569,31 @@ fn read_message(s: &mut std::net::TcpStream) -> Option<Vec<u8>> {
 pub fn port_of(tcti: &str) -> u16 {
     tcti.rsplit("port=").next().unwrap().trim().parse().unwrap()
 }
+
+/// The default AES-GCM backend (128- and 256-bit keys) on this machine,
+/// told from /proc/cpuinfo: aws-lc where its 512-bit VAES AES-GCM runs
+/// (VAES, VPCLMULQDQ, AVX-512 F/DQ/BW/VL), else ring.
+#[allow(dead_code)]
+pub fn default_gcm_backend() -> &'static str {
+    let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+    let flags: Vec<&str> = info
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    let wide = [
+        "vaes",
+        "vpclmulqdq",
+        "avx512f",
+        "avx512dq",
+        "avx512bw",
+        "avx512vl",
+    ]
+    .iter()
+    .all(|f| flags.contains(f));
+    if wide {
+        "aws-lc"
+    } else {
+        "ring"
+    }
+}

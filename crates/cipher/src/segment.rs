@@ -136,15 +136,20 @@ impl Params {
     /// The default backend for these parameters: the fastest correct one
     /// compiled in, by measurement on x86-64 with AES-NI and CLMUL
     /// (`examples/backend_speed.rs`; figures in `docs/format.md`,
-    /// "Backends"): aws-lc, then ring, for AES-GCM with 128- and 256-bit
-    /// keys (aws-lc has a 512-bit VAES path, ring a 256-bit one), OpenSSL
-    /// for CBC and for 192-bit keys, which neither implements here, then
-    /// RustCrypto. All backends write identical bytes, so this is only
+    /// "Backends"): for AES-GCM, aws-lc where its 512-bit VAES path runs
+    /// ([`crate::backend::aws_lc_gcm_is_wide`]); elsewhere ring for 128-
+    /// and 256-bit keys (its 256-bit VAES path, where AWS-LC has only
+    /// 128-bit AES-NI; on CPUs without VAES both run the same AES-NI
+    /// assembly) and OpenSSL for 192-bit keys, which ring lacks; OpenSSL
+    /// for CBC; then RustCrypto. All backends write identical bytes, so this is only
     /// speed. (Here rather than in [`crate::backend`], which knows nothing
     /// of payload modes.)
     pub fn default_backend(&self) -> Arc<dyn Backend> {
         let order: [&str; 4] = match self.mode {
-            Mode::Gcm => ["aws-lc", "ring", "openssl", "rustcrypto"],
+            Mode::Gcm if crate::backend::aws_lc_gcm_is_wide() => {
+                ["aws-lc", "ring", "openssl", "rustcrypto"]
+            }
+            Mode::Gcm => ["ring", "openssl", "aws-lc", "rustcrypto"],
             Mode::Cbc => ["openssl", "rustcrypto", "aws-lc", "ring"],
         };
         let can = |b: &Arc<dyn Backend>| match self.mode {

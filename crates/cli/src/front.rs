@@ -80,6 +80,8 @@ const INSTALLED: &str = "/usr/libexec/tpmcrypt/tpmcrypt-full";
 
 /// The `tpmcrypt` executable's `main`.
 pub fn main() -> ! {
+    // Before any thread starts (see the function).
+    tpmcrypt_cipher::backend::restore_openssl_ia32cap();
     // Before anything may hold a key.
     crate::harden::disable_core_dumps();
     let argv: Vec<OsString> = std::env::args_os().collect();

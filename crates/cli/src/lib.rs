@@ -38,6 +38,8 @@ use crate::ui::{exit, stdout, Ui};
 
 /// The whole command line: every command (the `tpmcrypt-full` executable).
 pub fn main_full() -> ! {
+    // Before any thread starts (see the function).
+    tpmcrypt_cipher::backend::restore_openssl_ia32cap();
     // Before anything may hold a key.
     harden::disable_core_dumps();
     // This executable loads libcrypto anyway (tpm2-tss needs it), and

@@ -2,13 +2,17 @@
 //! default provider of rustls). Its AES-GCM has a 512-bit VAES + VPCLMULQDQ
 //! path, which AMD Zen 4/5 and recent Intel cores run at about twice the
 //! speed of the 256-bit path ring has (23 against 11 GB/s a core on a Zen 5
-//! EPYC). Like ring it seals in place; this backend offers GCM with 128- and
-//! 256-bit keys, HMAC and HKDF, and leaves CBC to the others.
+//! EPYC); where it lacks AVX-512 its AES-GCM is the 128-bit AES-NI one,
+//! and ring is the default (see [`super::aws_lc_gcm_is_wide`]). This
+//! backend offers GCM with 128-, 192- and 256-bit keys, HMAC and HKDF, and
+//! leaves CBC to the others.
 //!
 //! Key schedules live in AWS-LC's heap, which it wipes when it frees them
-//! (`OPENSSL_free` cleanses), so dropping a key leaves no copy behind.
+//! (`OPENSSL_free` cleanses). Not everything: each seal and open copies
+//! the GHASH key table onto the stack, unwiped, and the last round keys
+//! stay in vector registers until overwritten (`docs/threat-model.md`).
 
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_192_GCM, AES_256_GCM};
 use aws_lc_rs::{hkdf, hmac};
 
 use super::{AuthFailed, Backend, CbcKey, GcmKey, Hash, GCM_NONCE_LEN};
@@ -60,7 +64,7 @@ impl Backend for AwsLc {
     }
 
     fn supports_gcm(&self, key_len: usize) -> bool {
-        matches!(key_len, 16 | 32)
+        matches!(key_len, 16 | 24 | 32)
     }
 
     fn supports_cbc(&self) -> bool {
@@ -70,11 +74,12 @@ impl Backend for AwsLc {
     fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>> {
         let alg = match key.len() {
             16 => &AES_128_GCM,
+            24 => &AES_192_GCM,
             32 => &AES_256_GCM,
             _ => {
                 return Err(Error::Unsupported {
                     backend: NAME,
-                    what: "AES-GCM with this key size (only 128 and 256 bits)",
+                    what: "AES-GCM with this key size (only 128, 192 and 256 bits)",
                 })
             }
         };
@@ -114,4 +119,64 @@ impl Backend for AwsLc {
         let okm = prk.expand(&info, Len(out.len())).map_err(|_| too_long())?;
         okm.fill(out).map_err(|_| too_long())
     }
+}
+
+/// `OPENSSL_ia32cap` is OpenSSL's debugging knob, but AWS-LC reads it too,
+/// once, in a constructor that runs as the executable loads, and takes it
+/// harder: a value that claims a feature the CPU lacks aborts the process
+/// ("Fatal Error: HW capability found …", SIGABRT, whatever the command),
+/// and an empty one leaves its capabilities unset, so AES runs without its
+/// assembly (24 times slower). The constructor below runs before AWS-LC's
+/// (a numbered `.init_array` entry runs before the unnumbered ones, where
+/// AWS-LC's `__attribute__((constructor))` goes) and takes the variable
+/// out of the environment; [`restore_openssl_ia32cap`], at the start of
+/// `main`, puts it back, for OpenSSL (whose libcrypto read it when it was
+/// loaded, before this executable's constructors) and for programs this
+/// one starts. So AWS-LC uses the CPU as it is, as ring does.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod ia32cap {
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    const NAME: &std::ffi::CStr = c"OPENSSL_ia32cap";
+
+    /// The value taken out (a string of the initial environment, which
+    /// `unsetenv` leaves where it is), or null.
+    pub(super) static SAVED: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+    extern "C" fn hide() {
+        // SAFETY: runs before main, on the one thread there is; `getenv`
+        // returns a pointer into the environment's strings, which
+        // `unsetenv` does not free (it only drops the entry).
+        unsafe {
+            let value = libc::getenv(NAME.as_ptr());
+            if !value.is_null() {
+                SAVED.store(value, Ordering::SeqCst);
+                libc::unsetenv(NAME.as_ptr());
+            }
+        }
+    }
+
+    #[used]
+    #[link_section = ".init_array.00500"]
+    static HIDE: extern "C" fn() = hide;
+
+    pub(super) fn restore() {
+        let value = SAVED.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !value.is_null() {
+            // SAFETY: a NUL-terminated name and a value from the initial
+            // environment; the caller is single-threaded (see
+            // [`super::restore_openssl_ia32cap`]).
+            unsafe { libc::setenv(NAME.as_ptr(), value, 0) };
+        }
+    }
+}
+
+/// Puts `OPENSSL_ia32cap` back into the environment after AWS-LC's
+/// constructor ran without it (see the `ia32cap` module). Call it first
+/// thing in `main`, before any thread starts (`setenv` is not
+/// thread-safe); a program that does not call it runs without the
+/// variable.
+pub fn restore_openssl_ia32cap() {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    ia32cap::restore();
 }

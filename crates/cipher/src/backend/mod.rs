@@ -137,6 +137,34 @@ pub trait Backend: Send + Sync {
     fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
+/// Puts `OPENSSL_ia32cap` back into the environment, which this crate
+/// hides from AWS-LC while it loads (see `backend/aws_lc.rs`): call it
+/// first thing in `main`, before any thread starts. Without the `aws-lc`
+/// feature, nothing was hidden and this does nothing.
+pub fn restore_openssl_ia32cap() {
+    #[cfg(feature = "aws-lc")]
+    aws_lc::restore_openssl_ia32cap();
+}
+
+/// Whether AWS-LC runs its 512-bit AES-GCM here: it does where the CPU
+/// and the kernel offer VAES, VPCLMULQDQ and AVX-512 F, DQ, BW and VL (the
+/// test of AWS-LC's `crypto_gcm_avx512_enabled`). Elsewhere its AES-GCM
+/// is the 128-bit AES-NI one, slower than ring's 256-bit VAES path on a
+/// CPU with VAES but no AVX-512 (Zen 3, Alder Lake).
+pub fn aws_lc_gcm_is_wide() -> bool {
+    #[cfg(all(feature = "aws-lc", target_arch = "x86_64"))]
+    {
+        std::arch::is_x86_feature_detected!("vaes")
+            && std::arch::is_x86_feature_detected!("vpclmulqdq")
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(all(feature = "aws-lc", target_arch = "x86_64")))]
+    false
+}
+
 /// Names of every backend there is, compiled in or not.
 pub const NAMES: [&str; 4] = ["openssl", "ring", "rustcrypto", "aws-lc"];
 

@@ -47,7 +47,7 @@ pub enum BackendArg {
     Ring,
     /// RustCrypto (pure Rust).
     Rustcrypto,
-    /// AWS-LC (GCM 128/256 only; 512-bit VAES where the CPU has it).
+    /// AWS-LC (GCM only; 512-bit VAES where the CPU has AVX-512).
     #[value(name = "aws-lc")]
     AwsLc,
 }
