@@ -152,6 +152,27 @@ fn served_runs_start_nothing_and_others_start_tpmcrypt_full_once() {
     assert_ok(&run, "decrypt -i");
     assert_eq!(calls.len(), 1, "decrypt -i executed: {calls:?}");
     assert_eq!(fs::read(d.join("g")).unwrap(), bytes(20_000, 1));
+    // AES-192-GCM: served where its default is AWS-LC's 512-bit path,
+    // handed over where it is OpenSSL's.
+    let args = [
+        "encrypt",
+        "--no-sync",
+        "--bits",
+        "192",
+        "-R",
+        &r,
+        "-o",
+        "f192",
+        "f",
+    ];
+    let (calls, run) = executed(d, &[], &args);
+    assert_ok(&run, "encrypt --bits 192");
+    let expect = if common::default_gcm_backend() == "aws-lc" {
+        1
+    } else {
+        2
+    };
+    assert_eq!(calls.len(), expect, "--bits 192 executed: {calls:?}");
 
     for args in [
         &["--version"][..],
@@ -683,13 +704,38 @@ fn openssl_ia32cap_is_left_to_openssl() {
             enc.stderr
         );
     }
-    // A run handed over (the agent) keeps it in its environment.
-    let mut agent = tpmcrypt(d)
-        .env("OPENSSL_ia32cap", "~0x0")
-        .args(["agent", "--ttl", "1m"])
+    // A run handed over (the agent) keeps its environment as it came,
+    // order and duplicate entries included (started through execve(2)
+    // by Python's ctypes: Command cannot repeat a name).
+    let env = [
+        format!("TPMCRYPT_HOME={}", d.join("home").display()),
+        format!(
+            "TPMCRYPT_AGENT_SOCK={}",
+            d.join(".tpmcrypt-agent.sock").display()
+        ),
+        "OPENSSL_ia32cap=~0x0".to_string(),
+        "X=1".to_string(),
+        "OPENSSL_ia32cap=second".to_string(),
+    ];
+    let script = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def arr(items):
+    a = (ctypes.c_char_p * (len(items) + 1))(*[i.encode() for i in items], None)
+    return a
+prog, env = sys.argv[1], sys.argv[2].split("\n")
+libc.execve(prog.encode(), arr([prog, "agent", "--ttl", "1m"]), arr(env))
+sys.exit("execve failed: %d" % ctypes.get_errno())
+"#;
+    let mut agent = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(common::bin())
+        .arg(env.join("\n"))
+        .current_dir(d)
         .stderr(Stdio::null())
         .spawn()
-        .expect("agent");
+        .expect("python3");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !d.join(".tpmcrypt-agent.sock").exists() {
         assert!(Instant::now() < deadline, "agent socket never appeared");
@@ -700,10 +746,10 @@ fn openssl_ia32cap_is_left_to_openssl() {
     let _ = agent.kill();
     let _ = agent.wait();
     assert!(exe.ends_with("tpmcrypt-full"), "{}", exe.display());
-    assert!(
-        environ
-            .split(|&b| b == 0)
-            .any(|v| v == b"OPENSSL_ia32cap=~0x0"),
-        "OPENSSL_ia32cap did not reach tpmcrypt-full"
-    );
+    let got: Vec<String> = environ
+        .split(|&b| b == 0)
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    assert_eq!(got, env, "the environment tpmcrypt-full got");
 }

@@ -12,8 +12,8 @@
 //! ([`crate::commands::crypt`]):
 //! * `encrypt` to recovery recipients given as strings (`-R
 //!   tpmcrypt-recovery:…`) and to the keystore's P-256 keys (`-k`), in
-//!   AES-GCM with 128- or 256-bit keys, any inputs. Encrypting never needs
-//!   the TPM;
+//!   AES-GCM with 128- or 256-bit keys (192 too where AWS-LC's 512-bit
+//!   path is its default), any inputs. Encrypting never needs the TPM;
 //! * `decrypt` of one named file that a `-i` identity opens (in memory:
 //!   the agent is not asked) or whose session key the agent holds, checked
 //!   before anything is written.
@@ -120,6 +120,14 @@ fn serve(argv: &[OsString]) -> Option<i32> {
     }
 }
 
+/// Whether tpmcrypt-full's default backend for AES-GCM with `key_len`-byte
+/// keys is OpenSSL's (192 bits, where AWS-LC's 512-bit path does not run
+/// and ring has none), which the front does not load: it keeps its speed
+/// by handing the run over.
+fn openssl_would_serve(key_len: usize) -> bool {
+    key_len == 24 && !tpmcrypt_cipher::backend::aws_lc_gcm_is_wide()
+}
+
 /// Whether the front serves this `--backend` (OpenSSL is not loaded here).
 fn backend_served(arg: Option<BackendArg>) -> bool {
     !matches!(arg, Some(BackendArg::Openssl))
@@ -134,7 +142,7 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         return None;
     }
     let params = crate::options::params(args.mode, args.bits, args.segment_size).ok()?;
-    if params.mode != Mode::Gcm || params.key_len == 24 {
+    if params.mode != Mode::Gcm || openssl_would_serve(params.key_len) {
         return None;
     }
     let mut recipients = args
@@ -220,9 +228,12 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
             return Err(HandOver.into());
         };
         let header = read_header(path).ok_or(HandOver)?;
-        // CBC and 192-bit keys: OpenSSL's speed, in tpmcrypt-full.
+        // CBC, and 192-bit keys where OpenSSL is their default: its
+        // speed, in tpmcrypt-full.
         let params = &header.params;
-        if args.files.backend.is_none() && (params.mode != Mode::Gcm || params.key_len == 24) {
+        if args.files.backend.is_none()
+            && (params.mode != Mode::Gcm || openssl_would_serve(params.key_len))
+        {
             return Err(HandOver.into());
         }
         // Found now (by a -i identity, else the agent), counted only when

@@ -128,30 +128,49 @@ impl Backend for AwsLc {
 /// and an empty one leaves its capabilities unset, so AES runs without its
 /// assembly (24 times slower). The constructor below runs before AWS-LC's
 /// (a numbered `.init_array` entry runs before the unnumbered ones, where
-/// AWS-LC's `__attribute__((constructor))` goes) and takes the variable
-/// out of the environment; [`restore_openssl_ia32cap`], at the start of
-/// `main`, puts it back, for OpenSSL (whose libcrypto read it when it was
-/// loaded, before this executable's constructors) and for programs this
-/// one starts. So AWS-LC uses the CPU as it is, as ring does.
+/// AWS-LC's `__attribute__((constructor))` goes) and renames every such
+/// entry of the environment in place (`openssl_ia32cap=`: `getenv` is
+/// case-sensitive); [`restore_openssl_ia32cap`], at the start of `main`,
+/// renames them back, so the environment is as it came, entries, order
+/// and duplicates, for OpenSSL (whose libcrypto read it when it was
+/// loaded, before this executable's constructors) and for the programs
+/// this one starts. So AWS-LC uses the CPU as it is, as ring does.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod ia32cap {
     use std::sync::atomic::{AtomicPtr, Ordering};
 
-    const NAME: &std::ffi::CStr = c"OPENSSL_ia32cap";
+    const NAME: &[u8] = b"OPENSSL_ia32cap=";
+    const SLOTS: usize = 16;
 
-    /// The value taken out (a string of the initial environment, which
-    /// `unsetenv` leaves where it is), or null.
-    pub(super) static SAVED: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+    extern "C" {
+        static mut environ: *mut *mut libc::c_char;
+    }
+
+    /// The entries renamed (their first byte lowered), or null. More
+    /// than [`SLOTS`] such entries: the others stay, and AWS-LC reads
+    /// the first of them (as it would have read the first entry).
+    static RENAMED: [AtomicPtr<libc::c_char>; SLOTS] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
 
     extern "C" fn hide() {
-        // SAFETY: runs before main, on the one thread there is; `getenv`
-        // returns a pointer into the environment's strings, which
-        // `unsetenv` does not free (it only drops the entry).
+        // SAFETY: runs before main, on the one thread there is. `environ`
+        // is the initial, NUL-terminated array of NUL-terminated strings
+        // on the process's stack, which is writable; each string is read
+        // only up to its first differing byte or its NUL.
         unsafe {
-            let value = libc::getenv(NAME.as_ptr());
-            if !value.is_null() {
-                SAVED.store(value, Ordering::SeqCst);
-                libc::unsetenv(NAME.as_ptr());
+            let mut entry = environ;
+            if entry.is_null() {
+                return;
+            }
+            let mut slot = 0;
+            while !(*entry).is_null() && slot < SLOTS {
+                let s = *entry;
+                if std::ffi::CStr::from_ptr(s).to_bytes().starts_with(NAME) {
+                    *s = b'o' as libc::c_char;
+                    RENAMED[slot].store(s, Ordering::SeqCst);
+                    slot += 1;
+                }
+                entry = entry.add(1);
             }
         }
     }
@@ -161,21 +180,22 @@ mod ia32cap {
     static HIDE: extern "C" fn() = hide;
 
     pub(super) fn restore() {
-        let value = SAVED.swap(std::ptr::null_mut(), Ordering::SeqCst);
-        if !value.is_null() {
-            // SAFETY: a NUL-terminated name and a value from the initial
-            // environment; the caller is single-threaded (see
-            // [`super::restore_openssl_ia32cap`]).
-            unsafe { libc::setenv(NAME.as_ptr(), value, 0) };
+        for slot in &RENAMED {
+            let s = slot.swap(std::ptr::null_mut(), Ordering::SeqCst);
+            if !s.is_null() {
+                // SAFETY: an entry `hide` renamed, still in place (nothing
+                // ran before main to change the environment); the caller
+                // is single-threaded.
+                unsafe { *s = b'O' as libc::c_char };
+            }
         }
     }
 }
 
 /// Puts `OPENSSL_ia32cap` back into the environment after AWS-LC's
 /// constructor ran without it (see the `ia32cap` module). Call it first
-/// thing in `main`, before any thread starts (`setenv` is not
-/// thread-safe); a program that does not call it runs without the
-/// variable.
+/// thing in `main`, before any thread starts; a program that does not
+/// call it runs with the variable renamed `openssl_ia32cap`.
 pub fn restore_openssl_ia32cap() {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     ia32cap::restore();
