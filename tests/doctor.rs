@@ -152,10 +152,14 @@ fn a_healthy_simulator_is_exit_0_with_every_field() {
     assert_eq!(sealed["pin"], true);
     assert_eq!(sealed["pcrs"], "sha256:0,7");
     assert_eq!(sealed["pcr_policy_satisfied"], true);
-    for f in ["aes_ni", "vaes", "pclmulqdq"] {
+    for f in ["aes_ni", "vaes", "pclmulqdq", "avx512_aes_gcm"] {
         assert!(v["cpu"][f].is_boolean(), "cpu.{f}: {v}");
     }
     assert_eq!(v["backend"]["default_gcm"], common::default_gcm_backend());
+    let wide = common::default_gcm_backend() == "aws-lc";
+    assert_eq!(v["cpu"]["avx512_aes_gcm"], wide);
+    let gcm_192 = if wide { "aws-lc" } else { "openssl" };
+    assert_eq!(v["backend"]["default_gcm_192"], gcm_192);
     assert_eq!(v["backend"]["default_cbc"], "openssl");
     assert_eq!(v["agent"]["running"], false);
     let warnings = v["warnings"].to_string();

@@ -474,27 +474,36 @@ fn cpu(problems: &mut Problems) -> Value {
             "aes_ni": std::arch::is_x86_feature_detected!("aes"),
             "vaes": std::arch::is_x86_feature_detected!("vaes"),
             "pclmulqdq": std::arch::is_x86_feature_detected!("pclmulqdq"),
+            // What makes aws-lc the AES-GCM default (docs/format.md).
+            "avx512_aes_gcm": tpmcrypt_cipher::backend::aws_lc_gcm_is_wide(),
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = problems;
-        json!({"arch": std::env::consts::ARCH, "aes_ni": null, "vaes": null, "pclmulqdq": null})
+        json!({
+            "arch": std::env::consts::ARCH,
+            "aes_ni": null,
+            "vaes": null,
+            "pclmulqdq": null,
+            "avx512_aes_gcm": null,
+        })
     }
 }
 
 /// The backends compiled in and the default one for each mode.
 fn backend() -> Value {
     use tpmcrypt_cipher::{Mode, Params};
-    let default = |mode| {
-        Params::new(mode, 256)
+    let default = |mode, bits| {
+        Params::new(mode, bits)
             .ok()
             .map(|p| p.default_backend().name())
     };
     json!({
         "compiled": tpmcrypt_cipher::backend::all().iter().map(|b| b.name()).collect::<Vec<_>>(),
-        "default_gcm": default(Mode::Gcm),
-        "default_cbc": default(Mode::Cbc),
+        "default_gcm": default(Mode::Gcm, 256),
+        "default_gcm_192": default(Mode::Gcm, 192),
+        "default_cbc": default(Mode::Cbc, 256),
     })
 }
 

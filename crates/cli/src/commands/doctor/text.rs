@@ -223,21 +223,30 @@ fn cpu(out: &mut String, c: &Value, b: &Value) {
         out,
         "CPU",
         &format!(
-            "{}: AES-NI {}, VAES {}, PCLMULQDQ {}",
+            "{}: AES-NI {}, VAES {}, PCLMULQDQ {}, AVX-512 AES-GCM {}",
             s(&c["arch"]),
             yes(&c["aes_ni"]),
             yes(&c["vaes"]),
-            yes(&c["pclmulqdq"])
+            yes(&c["pclmulqdq"]),
+            yes(&c["avx512_aes_gcm"])
         ),
     );
     line(
         out,
         "backend",
-        &format!(
-            "default {} (AES-GCM), {} (AES-CBC)",
-            s(&b["default_gcm"]),
-            s(&b["default_cbc"])
-        ),
+        &match b["default_gcm_192"] == b["default_gcm"] {
+            true => format!(
+                "default {} (AES-GCM), {} (AES-CBC)",
+                s(&b["default_gcm"]),
+                s(&b["default_cbc"])
+            ),
+            false => format!(
+                "default {} (AES-GCM-128/256), {} (AES-GCM-192), {} (AES-CBC)",
+                s(&b["default_gcm"]),
+                s(&b["default_gcm_192"]),
+                s(&b["default_cbc"])
+            ),
+        },
     );
 }
 
