@@ -12,51 +12,18 @@
 //! the GHASH key table onto the stack, unwiped, and the last round keys
 //! stay in vector registers until overwritten (`docs/threat-model.md`).
 
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_192_GCM, AES_256_GCM};
-use aws_lc_rs::{hkdf, hmac};
+use aws_lc_rs::aead::{AES_128_GCM, AES_192_GCM, AES_256_GCM};
 
-use super::{AuthFailed, Backend, CbcKey, GcmKey, Hash, GCM_NONCE_LEN};
+use super::{Backend, CbcKey};
 use crate::error::{Error, Result};
 
-/// The AWS-LC backend (GCM with 128- and 256-bit keys, HMAC, HKDF).
+/// The AWS-LC backend (GCM with 128-, 192- and 256-bit keys, HMAC, HKDF).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AwsLc;
 
 const NAME: &str = "aws-lc";
 
-struct Gcm(LessSafeKey);
-
-impl GcmKey for Gcm {
-    fn seal(&mut self, nonce: &[u8; GCM_NONCE_LEN], aad: &[u8], buf: &mut Vec<u8>) -> Result<()> {
-        let tag = self
-            .0
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
-            .map_err(|_| Error::Backend("aws-lc: seal failed".into()))?;
-        buf.extend_from_slice(tag.as_ref());
-        Ok(())
-    }
-
-    fn open(
-        &mut self,
-        nonce: &[u8; GCM_NONCE_LEN],
-        aad: &[u8],
-        buf: &mut [u8],
-    ) -> std::result::Result<usize, AuthFailed> {
-        self.0
-            .open_in_place(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
-            .map(|pt| pt.len())
-            .map_err(|_| AuthFailed)
-    }
-}
-
-/// Output length for the HKDF API.
-struct Len(usize);
-
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
+super::ring_api::ring_api!(aws_lc_rs, NAME);
 
 impl Backend for AwsLc {
     fn name(&self) -> &'static str {
@@ -83,9 +50,7 @@ impl Backend for AwsLc {
                 })
             }
         };
-        let key =
-            UnboundKey::new(alg, key).map_err(|_| Error::Backend("aws-lc: bad key".into()))?;
-        Ok(Box::new(Gcm(LessSafeKey::new(key))))
+        gcm_key(alg, key)
     }
 
     fn cbc(&self, _key: &[u8]) -> Result<Box<dyn CbcKey>> {
@@ -96,28 +61,11 @@ impl Backend for AwsLc {
     }
 
     fn hmac(&self, hash: Hash, key: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>> {
-        let alg = match hash {
-            Hash::Sha256 => hmac::HMAC_SHA256,
-            Hash::Sha384 => hmac::HMAC_SHA384,
-            Hash::Sha512 => hmac::HMAC_SHA512,
-        };
-        let key = hmac::Key::new(alg, key);
-        let mut ctx = hmac::Context::with_key(&key);
-        for part in parts {
-            ctx.update(part);
-        }
-        Ok(ctx.sign().as_ref().to_vec())
+        hmac(hash, key, parts)
     }
 
     fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()> {
-        let too_long = || Error::InvalidParams("HKDF output longer than 255 blocks".into());
-        if out.len() > 255 * 32 {
-            return Err(too_long());
-        }
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(ikm);
-        let info = [info];
-        let okm = prk.expand(&info, Len(out.len())).map_err(|_| too_long())?;
-        okm.fill(out).map_err(|_| too_long())
+        hkdf_sha256(ikm, salt, info, out)
     }
 }
 
@@ -130,13 +78,13 @@ impl Backend for AwsLc {
 /// (a numbered `.init_array` entry runs before the unnumbered ones, where
 /// AWS-LC's `__attribute__((constructor))` goes) and renames every such
 /// entry of the environment in place (`openssl_ia32cap=`: `getenv` is
-/// case-sensitive); [`restore_openssl_ia32cap`], at the start of `main`,
+/// case-sensitive); [`super::restore_openssl_ia32cap`], at the start of `main`,
 /// renames them back, so the environment is as it came, entries, order
 /// and duplicates, for OpenSSL (whose libcrypto read it when it was
 /// loaded, before this executable's constructors) and for the programs
 /// this one starts. So AWS-LC uses the CPU as it is, as ring does.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod ia32cap {
+pub(super) mod ia32cap {
     use std::sync::atomic::{AtomicPtr, Ordering};
 
     const NAME: &[u8] = b"OPENSSL_ia32cap=";
@@ -179,7 +127,8 @@ mod ia32cap {
     #[link_section = ".init_array.00500"]
     static HIDE: extern "C" fn() = hide;
 
-    pub(super) fn restore() {
+    /// Renames back what `hide` renamed (see the module).
+    pub(in crate::backend) fn restore() {
         for slot in &RENAMED {
             let s = slot.swap(std::ptr::null_mut(), Ordering::SeqCst);
             if !s.is_null() {
@@ -190,13 +139,4 @@ mod ia32cap {
             }
         }
     }
-}
-
-/// Puts `OPENSSL_ia32cap` back into the environment after AWS-LC's
-/// constructor ran without it (see the `ia32cap` module). Call it first
-/// thing in `main`, before any thread starts; a program that does not
-/// call it runs with the variable renamed `openssl_ia32cap`.
-pub fn restore_openssl_ia32cap() {
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    ia32cap::restore();
 }

@@ -29,6 +29,8 @@ compile_error!(
 mod aws_lc;
 #[cfg(feature = "openssl")]
 mod openssl_evp;
+#[cfg(any(feature = "ring", feature = "aws-lc"))]
+mod ring_api;
 #[cfg(feature = "ring")]
 mod ring_gcm;
 #[cfg(feature = "rustcrypto")]
@@ -142,8 +144,8 @@ pub trait Backend: Send + Sync {
 /// first thing in `main`, before any thread starts. Without the `aws-lc`
 /// feature, nothing was hidden and this does nothing.
 pub fn restore_openssl_ia32cap() {
-    #[cfg(feature = "aws-lc")]
-    aws_lc::restore_openssl_ia32cap();
+    #[cfg(all(feature = "aws-lc", target_os = "linux", target_arch = "x86_64"))]
+    aws_lc::ia32cap::restore();
 }
 
 /// Whether AWS-LC runs its 512-bit AES-GCM here: it does where the CPU

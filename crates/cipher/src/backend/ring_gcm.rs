@@ -1,10 +1,9 @@
 //! `ring`: BoringSSL-derived AES-GCM assembly (AES-NI + CLMUL, AVX, and VAES
 //! where present). ring implements neither AES-CBC nor 192-bit AES keys.
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM};
-use ring::{hkdf, hmac};
+use ring::aead::{AES_128_GCM, AES_256_GCM};
 
-use super::{AuthFailed, Backend, CbcKey, GcmKey, Hash, GCM_NONCE_LEN};
+use super::{Backend, CbcKey};
 use crate::error::{Error, Result};
 
 /// The ring backend (GCM with 128- and 256-bit keys, HMAC, HKDF).
@@ -13,39 +12,7 @@ pub struct Ring;
 
 const NAME: &str = "ring";
 
-struct Gcm(LessSafeKey);
-
-impl GcmKey for Gcm {
-    fn seal(&mut self, nonce: &[u8; GCM_NONCE_LEN], aad: &[u8], buf: &mut Vec<u8>) -> Result<()> {
-        let tag = self
-            .0
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
-            .map_err(|_| Error::Backend("ring: seal failed".into()))?;
-        buf.extend_from_slice(tag.as_ref());
-        Ok(())
-    }
-
-    fn open(
-        &mut self,
-        nonce: &[u8; GCM_NONCE_LEN],
-        aad: &[u8],
-        buf: &mut [u8],
-    ) -> std::result::Result<usize, AuthFailed> {
-        self.0
-            .open_in_place(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), buf)
-            .map(|pt| pt.len())
-            .map_err(|_| AuthFailed)
-    }
-}
-
-/// Output length for ring's HKDF API.
-struct Len(usize);
-
-impl hkdf::KeyType for Len {
-    fn len(&self) -> usize {
-        self.0
-    }
-}
+super::ring_api::ring_api!(ring, NAME);
 
 impl Backend for Ring {
     fn name(&self) -> &'static str {
@@ -71,8 +38,7 @@ impl Backend for Ring {
                 })
             }
         };
-        let key = UnboundKey::new(alg, key).map_err(|_| Error::Backend("ring: bad key".into()))?;
-        Ok(Box::new(Gcm(LessSafeKey::new(key))))
+        gcm_key(alg, key)
     }
 
     fn cbc(&self, _key: &[u8]) -> Result<Box<dyn CbcKey>> {
@@ -83,27 +49,10 @@ impl Backend for Ring {
     }
 
     fn hmac(&self, hash: Hash, key: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>> {
-        let alg = match hash {
-            Hash::Sha256 => hmac::HMAC_SHA256,
-            Hash::Sha384 => hmac::HMAC_SHA384,
-            Hash::Sha512 => hmac::HMAC_SHA512,
-        };
-        let key = hmac::Key::new(alg, key);
-        let mut ctx = hmac::Context::with_key(&key);
-        for part in parts {
-            ctx.update(part);
-        }
-        Ok(ctx.sign().as_ref().to_vec())
+        hmac(hash, key, parts)
     }
 
     fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()> {
-        let too_long = || Error::InvalidParams("HKDF output longer than 255 blocks".into());
-        if out.len() > 255 * 32 {
-            return Err(too_long());
-        }
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(ikm);
-        let info = [info];
-        let okm = prk.expand(&info, Len(out.len())).map_err(|_| too_long())?;
-        okm.fill(out).map_err(|_| too_long())
+        hkdf_sha256(ikm, salt, info, out)
     }
 }
