@@ -302,12 +302,10 @@ fn a_listener_of_another_uid_behind_our_own_paths_gets_nothing() {
     );
 }
 
-#[test]
-fn a_world_writable_socket_directory_of_our_own_is_refused() {
-    // Our own directory, but anyone may swap the socket in it.
-    let dir = scratch();
-    let d = dir.path();
-    tpm_encrypted_file(d);
+/// A directory of ours that anyone may write to (`d/loose`, mode 0777),
+/// and the other user's fake agent listening at `agent.sock` in it:
+/// (the directory, the socket, the squatter).
+fn squatter_in_a_loose_directory(d: &Path) -> (PathBuf, PathBuf, Squatter) {
     let loose = d.join("loose");
     fs::create_dir(&loose).unwrap();
     let logdir = d.join("log");
@@ -315,6 +313,16 @@ fn a_world_writable_socket_directory_of_our_own_is_refused() {
     common::chmod(&loose, 0o777);
     let sock = loose.join("agent.sock");
     let squatter = Squatter::start(d, &sock, &logdir);
+    (loose, sock, squatter)
+}
+
+#[test]
+fn a_world_writable_socket_directory_of_our_own_is_refused() {
+    // Our own directory, but anyone may swap the socket in it.
+    let dir = scratch();
+    let d = dir.path();
+    tpm_encrypted_file(d);
+    let (loose, sock, squatter) = squatter_in_a_loose_directory(d);
     let r = decrypt_with(d, &[("TPMCRYPT_AGENT_SOCK", &sock)], &[]);
     assert_refused_and_nothing_sent(
         &r,
@@ -341,13 +349,7 @@ fn a_recovery_decrypt_never_looks_at_a_socket_it_would_refuse() {
     fs::create_dir(d.join("tree")).unwrap();
     fs::copy(&file, d.join("tree/a.tpmc")).unwrap();
     fs::copy(&file, d.join("tree/b.tpmc")).unwrap();
-    let loose = d.join("loose");
-    fs::create_dir(&loose).unwrap();
-    let logdir = d.join("log");
-    their_dir(&logdir, 0o755);
-    common::chmod(&loose, 0o777);
-    let sock = loose.join("agent.sock");
-    let squatter = Squatter::start(d, &sock, &logdir);
+    let (_, sock, squatter) = squatter_in_a_loose_directory(d);
     let sock = sock.to_str().unwrap();
     let env = [("TPMCRYPT_AGENT_SOCK", sock)];
     let front = ["decrypt", "-i", "rec.key", "-o", "-", "secret.txt.tpmc"];
