@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -865,6 +865,161 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
+/// What a directory entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A FIFO.
+    Fifo,
+    /// A socket.
+    Socket,
+    /// A device node.
+    Device,
+}
+
+impl Kind {
+    /// From a `st_mode`.
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            _ => Kind::Device,
+        }
+    }
+
+    /// For log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::File => "regular file",
+            Kind::Dir => "directory",
+            Kind::Symlink => "symlink",
+            Kind::Fifo => "FIFO",
+            Kind::Socket => "socket",
+            Kind::Device => "device",
+        }
+    }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: kind, device, inode.
+pub fn lstat_at(dir: &impl AsRawFd, name: &OsStr) -> io::Result<(Kind, u64, u64)> {
+    let c = cstring(Path::new(name))?;
+    // SAFETY: an all-zero stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((Kind::from_mode(st.st_mode), st.st_dev, st.st_ino))
+}
+
+/// Removes `name` from `dir` (`unlinkat`). Not durable yet: callers sync
+/// the directories of a batch's removals together.
+pub fn unlink_at(dir: &impl AsRawFd, name: &OsStr) -> io::Result<()> {
+    let c = cstring(Path::new(name))?;
+    // SAFETY: valid directory fd and NUL-terminated name.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// [`rename_noreplace`] within one open directory: `renameat2(dir, from,
+/// dir, to, RENAME_NOREPLACE)`, never replacing `to` (AlreadyExists), and
+/// on a file system without that flag `linkat` then `unlinkat`.
+pub fn rename_noreplace_at(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
+    let (f, t) = (cstring(Path::new(from))?, cstring(Path::new(to))?);
+    let fd = dir.as_raw_fd();
+    // SAFETY: valid directory fd and NUL-terminated names.
+    if unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            // SAFETY: as above; linkat refuses to replace too.
+            if unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            unlink_at(dir, from)
+        }
+        _ => Err(err),
+    }
+}
+
+/// A directory opened once for names of tpmcrypt's own made in it one
+/// after another (originals moved aside for their removal), each made
+/// under [`NamingDir::naming`]: the protocol of [`naming_in`] without
+/// opening the directory (a path lookup, and a descriptor) for each.
+/// A directory this user may write to but not read is opened `O_PATH`,
+/// and its mark removed by path, as [`naming_in`] does.
+pub struct NamingDir {
+    dir: OwnedFd,
+    /// Set for a directory opened `O_PATH`: its path, for the mark.
+    by_path: Option<PathBuf>,
+}
+
+impl NamingDir {
+    /// Opens `dir`.
+    pub fn open(dir: &Path) -> io::Result<NamingDir> {
+        if let Some(d) = open_dir(dir) {
+            return Ok(NamingDir {
+                dir: d.into(),
+                by_path: None,
+            });
+        }
+        let d = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)?;
+        Ok(NamingDir {
+            dir: d.into(),
+            by_path: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// Runs `make`, which gives this directory a name of tpmcrypt's own
+    /// (through the descriptor it is given), as [`naming_in_fd`] does:
+    /// the mark removed first, the shared lock held until the name exists
+    /// and released at once (a lock kept, even over one batch, could stop
+    /// a watch daemon from taking its DEST).
+    pub fn naming<T>(&self, make: impl FnOnce(&OwnedFd) -> io::Result<T>) -> io::Result<T> {
+        match &self.by_path {
+            None => naming_in_fd(&self.dir, || make(&self.dir)),
+            Some(p) => {
+                // Not readable: no lock, and the mark (which no run of this
+                // user could set: setting it needs a listing) removed before
+                // and after by path.
+                remove_clean_mark_by_path(p);
+                let made = make(&self.dir);
+                remove_clean_mark_by_path(p);
+                made
+            }
+        }
+    }
+}
+
+impl AsRawFd for NamingDir {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.dir.as_raw_fd()
+    }
+}
+
 pub(crate) fn random_u64() -> u64 {
     use rand_core::RngCore as _;
     rand_core::OsRng.next_u64()
@@ -1091,18 +1246,7 @@ fn remove_clean_mark_by_path(dir: &Path) {
 /// temporary, an original moved aside), with the directory's clean mark
 /// removed first (see [`naming_in_fd`]).
 pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    match open_dir(dir) {
-        Some(d) => naming_in_fd(&d, make),
-        None => {
-            // Not readable: no lock, and the mark (which no run of this
-            // user could set: setting it needs a listing) removed before
-            // and after by path.
-            remove_clean_mark_by_path(dir);
-            let made = make();
-            remove_clean_mark_by_path(dir);
-            made
-        }
-    }
+    NamingDir::open(dir)?.naming(|_| make())
 }
 
 /// [`naming_in`], for a directory already open. The directory's shared

@@ -821,23 +821,24 @@ pub fn run(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summ
 }
 
 /// Runs file-to-file tasks on `opts.jobs` workers at once (small files are
-/// otherwise one core's work each, one after another), at most
-/// `opts.batch.window` under way or waiting (each holds open files). Results are taken
-/// in task order, so error lines, the batch and the summary are as a
-/// sequential run's; a batch whose next result is slow to come (a large
+/// otherwise one core's work each, one after another), at most a batch's
+/// window of them under way or waiting (each holds open files). Results
+/// are taken in task order, so error lines, the batch and the summary are
+/// as a sequential run's; a batch whose next result is slow to come (a large
 /// file, a FIFO) is committed at its age bound rather than held back.
 fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) -> Summary {
     use crossbeam_channel::{bounded, RecvTimeoutError};
     use std::collections::BTreeMap;
     let mut summary = Summary::default();
-    let mut batch = Batch::new(opts.batch);
+    let limits = opts.batch.for_tasks(tasks.len());
+    let mut batch = Batch::new(limits);
     // One progress bar per file would flicker over one another.
     let worker_opts = RunOptions {
         progress: false,
         ..opts.clone()
     };
     let (work_tx, work_rx) = bounded::<usize>(tasks.len());
-    let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(opts.batch.window);
+    let (done_tx, done_rx) = bounded::<(usize, anyhow::Result<Done>)>(limits.window);
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs().min(tasks.len()) {
             let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
@@ -853,7 +854,7 @@ fn run_parallel(tasks: &[Task], opts: &RunOptions, transform: &Transform<'_>) ->
         }
         drop(done_tx);
         let mut sent = 0;
-        while sent < tasks.len().min(opts.batch.window) {
+        while sent < tasks.len().min(limits.window) {
             let _ = work_tx.send(sent);
             sent += 1;
         }

@@ -784,11 +784,11 @@ impl Coordinator {
         let mut back = parent.join(original);
         let renamed = fsio::open_dir_beneath(&self.ctx.src_root, parent).and_then(|dir| {
             let aside = f.rel.file_name().unwrap_or_default();
-            match fsio::rename_noreplace(&dir, aside, original) {
+            match fsio::rename_noreplace_at(&dir, aside, original) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     // Its name was taken meanwhile: kept under another.
                     let kept = fsio::aside_name(original, fsio::RESTORED_MARKER);
-                    fsio::rename_noreplace(&dir, aside, &kept)?;
+                    fsio::rename_noreplace_at(&dir, aside, &kept)?;
                     back = parent.join(kept);
                 }
                 r => r?,

@@ -10,48 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path};
 
-/// What a directory entry is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link (never followed).
-    Symlink,
-    /// A FIFO.
-    Fifo,
-    /// A socket.
-    Socket,
-    /// A device node.
-    Device,
-}
-
-impl Kind {
-    /// From a `st_mode`.
-    pub fn from_mode(mode: u32) -> Kind {
-        match mode & libc::S_IFMT {
-            libc::S_IFREG => Kind::File,
-            libc::S_IFDIR => Kind::Dir,
-            libc::S_IFLNK => Kind::Symlink,
-            libc::S_IFIFO => Kind::Fifo,
-            libc::S_IFSOCK => Kind::Socket,
-            _ => Kind::Device,
-        }
-    }
-
-    /// For log lines.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::File => "regular file",
-            Kind::Dir => "directory",
-            Kind::Symlink => "symlink",
-            Kind::Fifo => "FIFO",
-            Kind::Socket => "socket",
-            Kind::Device => "device",
-        }
-    }
-}
+pub use crate::atomic::{lstat_at, rename_noreplace_at, unlink_at, Kind};
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes())
@@ -67,26 +26,6 @@ fn openat(dir: &impl AsRawFd, name: &OsStr, flags: i32) -> io::Result<OwnedFd> {
     }
     // SAFETY: fd was just returned by openat and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: kind, device, inode.
-pub fn lstat_at(dir: &impl AsRawFd, name: &OsStr) -> io::Result<(Kind, u64, u64)> {
-    let c = cstr(name)?;
-    // SAFETY: an all-zero stat is a valid out-buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, NUL-terminated name, valid out-pointer.
-    let rc = unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((Kind::from_mode(st.st_mode), st.st_dev, st.st_ino))
 }
 
 /// Why a path could not be opened as a regular file beneath SRC.
@@ -209,37 +148,7 @@ pub fn writers(file: &File) -> Writers {
     w
 }
 
-/// Removes `name` from `dir`. Not durable yet: the committer syncs the
-/// directories of a batch's removals together.
-pub fn unlink_at(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    let c = cstr(name)?;
-    // SAFETY: valid directory fd and NUL-terminated name.
-    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 pub use crate::atomic::{aside_name, parse_aside, ASIDE_MARKER, RESTORED_MARKER};
-
-/// `renameat2(dir, from, dir, to, RENAME_NOREPLACE)`: never replaces `to`.
-pub fn rename_noreplace(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
-    let (f, t) = (cstr(from)?, cstr(to)?);
-    // SAFETY: valid directory fd and NUL-terminated names.
-    let rc = unsafe {
-        libc::renameat2(
-            dir.as_raw_fd(),
-            f.as_ptr(),
-            dir.as_raw_fd(),
-            t.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
 
 /// `fsync` on a directory (or any fd).
 pub fn fsync(fd: &impl AsRawFd) -> io::Result<()> {

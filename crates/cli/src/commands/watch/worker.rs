@@ -594,7 +594,7 @@ pub fn remove_source(
             _ => return Ok(false),
         }
         let aside = fsio::aside_name(name, fsio::ASIDE_MARKER);
-        match crate::atomic::naming_in_fd(dir, || fsio::rename_noreplace(dir, name, &aside)) {
+        match crate::atomic::naming_in_fd(dir, || fsio::rename_noreplace_at(dir, name, &aside)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
@@ -627,11 +627,11 @@ fn put_back(
     name: &std::ffi::OsStr,
     aside: &std::ffi::OsStr,
 ) -> io::Result<()> {
-    match fsio::rename_noreplace(dir, aside, name) {
+    match fsio::rename_noreplace_at(dir, aside, name) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             let kept = fsio::aside_name(name, fsio::RESTORED_MARKER);
-            fsio::rename_noreplace(dir, aside, &kept)?;
+            fsio::rename_noreplace_at(dir, aside, &kept)?;
             warn!(
                 "{}: changed while being removed, and its name was taken meanwhile: kept as {}",
                 show(rel),
