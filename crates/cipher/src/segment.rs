@@ -141,26 +141,45 @@ impl Params {
     /// and 256-bit keys (its 256-bit VAES path, where AWS-LC has only
     /// 128-bit AES-NI; on CPUs without VAES both run the same AES-NI
     /// assembly) and OpenSSL for 192-bit keys, which ring lacks; OpenSSL
-    /// for CBC; then RustCrypto. All backends write identical bytes, so this is only
-    /// speed. (Here rather than in [`crate::backend`], which knows nothing
-    /// of payload modes.)
+    /// for CBC; then RustCrypto. All backends write identical bytes, so
+    /// this is only speed.
     pub fn default_backend(&self) -> Arc<dyn Backend> {
-        let order: [&str; 4] = match self.mode {
+        let serves =
+            |b: &&Arc<dyn Backend>| crate::backend::serves(b.name(), self.mode, self.key_len);
+        let built: Vec<_> = self
+            .backend_order()
+            .iter()
+            .filter_map(|name| compiled(name))
+            .collect();
+        // With no backend able to, the first one's error says why at first use.
+        match built.iter().find(serves) {
+            Some(b) => b.clone(),
+            None => built[0].clone(),
+        }
+    }
+
+    /// The name of the backend a build with every backend compiled in (and
+    /// OpenSSL enabled) takes by default: the first of the order that
+    /// serves these parameters. A program with fewer (`tpmcrypt`'s front,
+    /// which never loads OpenSSL) asks it to know what the full one would
+    /// use.
+    pub fn preferred_backend(&self) -> &'static str {
+        let order = self.backend_order();
+        order
+            .into_iter()
+            .find(|name| crate::backend::serves(name, self.mode, self.key_len))
+            .unwrap_or(order[0])
+    }
+
+    /// The backends in the order they are preferred for these parameters
+    /// on this CPU, fastest first.
+    fn backend_order(&self) -> [&'static str; 4] {
+        match self.mode {
             Mode::Gcm if crate::backend::aws_lc_gcm_is_wide() => {
                 ["aws-lc", "ring", "openssl", "rustcrypto"]
             }
             Mode::Gcm => ["ring", "openssl", "aws-lc", "rustcrypto"],
             Mode::Cbc => ["openssl", "rustcrypto", "aws-lc", "ring"],
-        };
-        let can = |b: &Arc<dyn Backend>| match self.mode {
-            Mode::Gcm => b.supports_gcm(self.key_len),
-            Mode::Cbc => b.supports_cbc(),
-        };
-        let built: Vec<_> = order.iter().filter_map(|name| compiled(name)).collect();
-        // With no backend able to, the first one's error says why at first use.
-        match built.iter().find(|b| can(b)) {
-            Some(b) => b.clone(),
-            None => built[0].clone(),
         }
     }
 

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use tpmcrypt_cipher::format::Header;
 use tpmcrypt_cipher::recipient::{Identity, Recipient};
-use tpmcrypt_cipher::{recovery, Decryptor, Mode, SessionCache};
+use tpmcrypt_cipher::{recovery, Decryptor, Params, SessionCache};
 use tpmcrypt_tpmkey::agent::session::AgentCache;
 use tpmcrypt_tpmkey::agent::{self, AgentClient};
 
@@ -120,12 +120,12 @@ fn serve(argv: &[OsString]) -> Option<i32> {
     }
 }
 
-/// Whether tpmcrypt-full's default backend for AES-GCM with `key_len`-byte
-/// keys is OpenSSL's (192 bits, where AWS-LC's 512-bit path does not run
-/// and ring has none), which the front does not load: it keeps its speed
-/// by handing the run over.
-fn openssl_would_serve(key_len: usize) -> bool {
-    key_len == 24 && !tpmcrypt_cipher::backend::aws_lc_gcm_is_wide()
+/// Whether tpmcrypt-full's default backend for `params` is OpenSSL's (CBC;
+/// GCM with 192-bit keys where AWS-LC's 512-bit path does not run and
+/// ring has none), which the front does not load: it keeps its speed by
+/// handing the run over.
+fn openssl_would_serve(params: &Params) -> bool {
+    params.preferred_backend() == "openssl"
 }
 
 /// Whether the front serves this `--backend` (OpenSSL is not loaded here).
@@ -142,7 +142,7 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         return None;
     }
     let params = crate::options::params(args.mode, args.bits, args.segment_size).ok()?;
-    if params.mode != Mode::Gcm || openssl_would_serve(params.key_len) {
+    if openssl_would_serve(&params) {
         return None;
     }
     let mut recipients = args
@@ -231,9 +231,7 @@ fn decrypt(args: &DecryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
         // CBC, and 192-bit keys where OpenSSL is their default: its
         // speed, in tpmcrypt-full.
         let params = &header.params;
-        if args.files.backend.is_none()
-            && (params.mode != Mode::Gcm || openssl_would_serve(params.key_len))
-        {
+        if args.files.backend.is_none() && openssl_would_serve(params) {
             return Err(HandOver.into());
         }
         // Found now (by a -i identity, else the agent), counted only when

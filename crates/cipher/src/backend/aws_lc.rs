@@ -30,14 +30,6 @@ impl Backend for AwsLc {
         NAME
     }
 
-    fn supports_gcm(&self, key_len: usize) -> bool {
-        matches!(key_len, 16 | 24 | 32)
-    }
-
-    fn supports_cbc(&self) -> bool {
-        false
-    }
-
     fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>> {
         let alg = match key.len() {
             16 => &AES_128_GCM,

@@ -39,6 +39,7 @@ mod rustcrypto;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::segment::Mode;
 
 #[cfg(feature = "aws-lc")]
 pub use aws_lc::AwsLc;
@@ -120,11 +121,16 @@ pub trait Backend: Send + Sync {
     /// Short, stable name (`openssl`, `rustcrypto`, `ring`, `aws-lc`).
     fn name(&self) -> &'static str;
 
-    /// Whether this backend implements AES-GCM with `key_len`-byte keys.
-    fn supports_gcm(&self, key_len: usize) -> bool;
+    /// Whether this backend implements AES-GCM with `key_len`-byte keys
+    /// (from [`serves`]).
+    fn supports_gcm(&self, key_len: usize) -> bool {
+        serves(self.name(), Mode::Gcm, key_len)
+    }
 
-    /// Whether this backend implements AES-CBC.
-    fn supports_cbc(&self) -> bool;
+    /// Whether this backend implements AES-CBC (from [`serves`]).
+    fn supports_cbc(&self) -> bool {
+        serves(self.name(), Mode::Cbc, 16)
+    }
 
     /// An AES-GCM key of 16, 24 or 32 bytes.
     fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>>;
@@ -165,6 +171,21 @@ pub fn aws_lc_gcm_is_wide() -> bool {
     }
     #[cfg(not(all(feature = "aws-lc", target_arch = "x86_64")))]
     false
+}
+
+/// Whether the backend named `name`, compiled in or not, implements
+/// `mode` with `key_len`-byte keys: each of them AES-GCM with 128- and
+/// 256-bit keys, all but ring 192-bit ones (ring has no AES-192), and
+/// OpenSSL and RustCrypto AES-CBC. The one table of what each backend
+/// does: [`Backend::supports_gcm`] and [`Backend::supports_cbc`] answer
+/// from it, and so does [`crate::Params::preferred_backend`] for backends
+/// a build left out.
+pub fn serves(name: &str, mode: Mode, key_len: usize) -> bool {
+    let sizes = matches!(key_len, 16 | 24 | 32);
+    match mode {
+        Mode::Gcm => sizes && NAMES.contains(&name) && !(name == "ring" && key_len == 24),
+        Mode::Cbc => sizes && matches!(name, "openssl" | "rustcrypto"),
+    }
 }
 
 /// Names of every backend there is, compiled in or not.
@@ -284,6 +305,59 @@ mod tests {
         match by_name("aesni") {
             Err(e) => assert!(e.to_string().contains("unknown backend"), "{e}"),
             Ok(b) => panic!("found {}", b.name()),
+        }
+    }
+
+    /// The table of what each backend does ([`serves`]) is what each one
+    /// compiled in does: a key it says is served is made and seals, one it
+    /// says is not is refused.
+    #[test]
+    fn serves_is_what_each_backend_does() {
+        for b in all() {
+            for len in [16, 24, 32] {
+                let key = vec![7u8; len];
+                let gcm = b.gcm(&key).and_then(|mut k| {
+                    let mut buf = b"segment".to_vec();
+                    k.seal(&[0; GCM_NONCE_LEN], b"", &mut buf)
+                });
+                let cbc = b.cbc(&key).and_then(|mut k| {
+                    let mut buf = b"segment".to_vec();
+                    k.encrypt(&[0; AES_BLOCK], &mut buf, 0)
+                });
+                let name = b.name();
+                assert_eq!(
+                    serves(name, Mode::Gcm, len),
+                    gcm.is_ok(),
+                    "{name} gcm {len}"
+                );
+                assert_eq!(
+                    serves(name, Mode::Cbc, len),
+                    cbc.is_ok(),
+                    "{name} cbc {len}"
+                );
+            }
+        }
+    }
+
+    /// With every backend built, the default is the preferred one by name
+    /// (what the front, without OpenSSL, asks to know the full default).
+    #[cfg(all(
+        feature = "openssl",
+        feature = "ring",
+        feature = "rustcrypto",
+        feature = "aws-lc"
+    ))]
+    #[test]
+    fn the_preferred_backend_is_the_default_of_a_full_build() {
+        for mode in [Mode::Gcm, Mode::Cbc] {
+            for bits in [128, 192, 256] {
+                let p = crate::Params::new(mode, bits).unwrap();
+                assert_eq!(
+                    p.preferred_backend(),
+                    p.default_backend().name(),
+                    "{mode:?} {bits}"
+                );
+            }
         }
     }
 }

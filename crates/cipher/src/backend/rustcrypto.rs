@@ -134,14 +134,6 @@ impl Backend for RustCrypto {
         NAME
     }
 
-    fn supports_gcm(&self, key_len: usize) -> bool {
-        matches!(key_len, 16 | 24 | 32)
-    }
-
-    fn supports_cbc(&self) -> bool {
-        true
-    }
-
     fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>> {
         check_aes_key(NAME, key)?;
         let bad = |_| Error::Backend("aes-gcm: bad key length".into());
