@@ -965,58 +965,83 @@ pub fn rename_noreplace_at(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::
 /// A directory opened once for names of tpmcrypt's own made in it one
 /// after another (originals moved aside for their removal), each made
 /// under [`NamingDir::naming`]: the protocol of [`naming_in`] without
-/// opening the directory (a path lookup, and a descriptor) for each.
-/// A directory this user may write to but not read is opened `O_PATH`,
-/// and its mark removed by path, as [`naming_in`] does.
+/// opening the directory (a path lookup, and a descriptor) for each, and
+/// its entries named relative to it. A directory this user may write to
+/// but not read is opened `O_PATH`, with its mark removed by path; one
+/// that cannot be opened at all (no descriptor left) is worked on by path.
 pub struct NamingDir {
-    dir: OwnedFd,
-    /// Set for a directory opened `O_PATH`: its path, for the mark.
-    by_path: Option<PathBuf>,
+    /// None: not opened; names are resolved from `path`.
+    dir: Option<OwnedFd>,
+    path: PathBuf,
+    /// Opened for reading: its lock and mark are reached through `dir`.
+    readable: bool,
 }
 
 impl NamingDir {
-    /// Opens `dir`.
-    pub fn open(dir: &Path) -> io::Result<NamingDir> {
+    /// Opens `dir` (as well as it can: see [`NamingDir`]).
+    pub fn open(dir: &Path) -> NamingDir {
+        let path = dir.to_path_buf();
         if let Some(d) = open_dir(dir) {
-            return Ok(NamingDir {
-                dir: d.into(),
-                by_path: None,
-            });
+            return NamingDir {
+                dir: Some(d.into()),
+                path,
+                readable: true,
+            };
         }
         let d = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-            .open(dir)?;
-        Ok(NamingDir {
-            dir: d.into(),
-            by_path: Some(dir.to_path_buf()),
-        })
+            .open(dir);
+        NamingDir {
+            dir: d.ok().map(OwnedFd::from),
+            path,
+            readable: false,
+        }
     }
 
-    /// Runs `make`, which gives this directory a name of tpmcrypt's own
-    /// (through the descriptor it is given), as [`naming_in_fd`] does:
-    /// the mark removed first, the shared lock held until the name exists
-    /// and released at once (a lock kept, even over one batch, could stop
-    /// a watch daemon from taking its DEST).
-    pub fn naming<T>(&self, make: impl FnOnce(&OwnedFd) -> io::Result<T>) -> io::Result<T> {
-        match &self.by_path {
-            None => naming_in_fd(&self.dir, || make(&self.dir)),
-            Some(p) => {
+    /// Runs `make`, which gives this directory a name of tpmcrypt's own,
+    /// as [`naming_in_fd`] does: the mark removed first, the shared lock
+    /// held until the name exists and released at once (a lock kept, even
+    /// over one batch, could stop a watch daemon from taking its DEST).
+    pub fn naming<T>(&self, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        match &self.dir {
+            Some(d) if self.readable => naming_in_fd(d, make),
+            _ => {
                 // Not readable: no lock, and the mark (which no run of this
                 // user could set: setting it needs a listing) removed before
                 // and after by path.
-                remove_clean_mark_by_path(p);
-                let made = make(&self.dir);
-                remove_clean_mark_by_path(p);
+                remove_clean_mark_by_path(&self.path);
+                let made = make();
+                remove_clean_mark_by_path(&self.path);
                 made
             }
         }
     }
-}
 
-impl AsRawFd for NamingDir {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.dir.as_raw_fd()
+    /// [`lstat_at`] of `name` in this directory.
+    pub fn lstat(&self, name: &OsStr) -> io::Result<(Kind, u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        match &self.dir {
+            Some(d) => lstat_at(d, name),
+            None => fs::symlink_metadata(self.path.join(name))
+                .map(|m| (Kind::from_mode(m.mode()), m.dev(), m.ino())),
+        }
+    }
+
+    /// [`rename_noreplace_at`] in this directory.
+    pub fn rename_noreplace(&self, from: &OsStr, to: &OsStr) -> io::Result<()> {
+        match &self.dir {
+            Some(d) => rename_noreplace_at(d, from, to),
+            None => rename_noreplace(&self.path.join(from), &self.path.join(to)),
+        }
+    }
+
+    /// [`unlink_at`] in this directory.
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        match &self.dir {
+            Some(d) => unlink_at(d, name),
+            None => fs::remove_file(self.path.join(name)),
+        }
     }
 }
 
@@ -1246,7 +1271,7 @@ fn remove_clean_mark_by_path(dir: &Path) {
 /// temporary, an original moved aside), with the directory's clean mark
 /// removed first (see [`naming_in_fd`]).
 pub fn naming_in<T>(dir: &Path, make: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    NamingDir::open(dir)?.naming(|_| make())
+    NamingDir::open(dir).naming(make)
 }
 
 /// [`naming_in`], for a directory already open. The directory's shared
@@ -1691,6 +1716,46 @@ mod tests {
             1
         );
         assert!(!stale.exists());
+    }
+
+    /// A directory that could not be opened (no descriptor left) is still
+    /// worked on, by path: an original moved aside and removed there, the
+    /// mark gone, as through an open directory.
+    #[test]
+    fn a_directory_not_opened_is_named_in_by_path() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        fs::write(dir.join("f"), b"x").unwrap();
+        for opened in [false, true] {
+            fs::write(dir.join("g"), b"y").unwrap();
+            let mut at = NamingDir::open(dir);
+            assert!(at.dir.is_some() && at.readable);
+            if !opened {
+                at = NamingDir {
+                    dir: None,
+                    path: dir.to_path_buf(),
+                    readable: false,
+                };
+            }
+            let (kind, _, ino) = at.lstat(OsStr::new("g")).unwrap();
+            assert_eq!(
+                (kind, ino),
+                (Kind::File, fs::metadata(dir.join("g")).unwrap().ino())
+            );
+            let aside = aside_name(OsStr::new("g"), ASIDE_MARKER);
+            at.naming(|| at.rename_noreplace(OsStr::new("g"), &aside))
+                .unwrap();
+            let taken = at.rename_noreplace(&aside, OsStr::new("f")).unwrap_err();
+            assert_eq!(taken.kind(), io::ErrorKind::AlreadyExists, "{opened}");
+            at.unlink(&aside).unwrap();
+            let mut left: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            left.sort();
+            assert_eq!(left, ["f"], "opened: {opened}");
+        }
     }
 
     #[test]

@@ -686,19 +686,19 @@ fn remove_original(o: &Original, at: &mut Option<(PathBuf, NamingDir)>) -> anyho
     // The directory, open already if the last original was in it too.
     let dir = &match at.take() {
         Some((p, d)) if p == parent => at.insert((p, d)),
-        _ => at.insert((parent.to_path_buf(), NamingDir::open(parent).context(WHAT)?)),
+        _ => at.insert((parent.to_path_buf(), NamingDir::open(parent))),
     }
     .1;
     let same = |(_, dev, ino): (Kind, u64, u64)| dev == o.stamp.dev && ino == o.stamp.ino;
     let unchanged = || o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
-    let named = atomic::lstat_at(dir, name).context(WHAT)?;
+    let named = dir.lstat(name).context(WHAT)?;
     if !unchanged() || !same(named) {
         return Err(OriginalChanged.into());
     }
     // A name of its own form, never a temporary's: a crash before the
     // unlink leaves it for the next run to put back, never to delete.
     let aside = atomic::aside_name(name, atomic::ASIDE_MARKER);
-    dir.naming(|d| atomic::rename_noreplace_at(d, name, &aside))
+    dir.naming(|| dir.rename_noreplace(name, &aside))
         .context(WHAT)?;
     // The rename itself changes the ctime; everything else must be as read.
     let unchanged_but_renamed = || {
@@ -708,19 +708,19 @@ fn remove_original(o: &Original, at: &mut Option<(PathBuf, NamingDir)>) -> anyho
                 == (o.stamp.size, o.stamp.mtime_ns, o.stamp.mode, o.stamp.nlink)
         })
     };
-    let moved = atomic::lstat_at(dir, &aside).context(WHAT)?;
+    let moved = dir.lstat(&aside).context(WHAT)?;
     if same(moved) && unchanged_but_renamed() {
-        return atomic::unlink_at(dir, &aside).context(WHAT);
+        return dir.unlink(&aside).context(WHAT);
     }
     // Changed or replaced between the check and the rename: put it back.
-    if atomic::rename_noreplace_at(dir, &aside, name).is_ok() {
+    if dir.rename_noreplace(&aside, name).is_ok() {
         return Err(OriginalChanged.into());
     }
     // Its name was taken meanwhile: keep it under a name no clean-up of
     // temporaries touches.
     let mut kept = name.to_owned();
     kept.push(format!(".kept-{}", std::process::id()));
-    let shown = match atomic::rename_noreplace_at(dir, &aside, &kept) {
+    let shown = match dir.rename_noreplace(&aside, &kept) {
         Ok(()) => crate::ui::shown(&parent.join(&kept)),
         Err(_) => crate::ui::shown(&parent.join(&aside)),
     };
