@@ -23,8 +23,9 @@
 //! so that open files, dirty memory and the work a crash would redo stay
 //! small, and a parallel run's to a quarter of its files (at least 256:
 //! [`Limits::for_tasks`]), so that its batches' disk waits overlap the
-//! writing of the next and only the last commit waits alone. Steps 3 and 4 sync a single directory with fsync, several with
-//! one `syncfs` per file system. A run's full batches are chained
+//! writing of the next and only the last commit waits alone. Steps 3 and
+//! 4 sync a single directory with fsync, several with one `syncfs` per
+//! file system. A run's full batches are chained
 //! ([`Batch::commit_chained`]): the next batch's `syncfs` (step 1) is
 //! also the earlier batch's step 3 and the sync of its removals, so a
 //! batch costs one disk wait instead of three. The per-file work of steps 2 and 4 (a
