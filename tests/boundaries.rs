@@ -1392,3 +1392,42 @@ fn output_that_cannot_be_written_is_an_error() {
     );
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
+
+/// A directory another user may write to but not read (a drop box): its
+/// entries cannot be made durable (a directory is synced by opening it),
+/// so `--in-place` keeps the original, and the error says what is true:
+/// the ciphertext is complete under its name, the directory not known to
+/// be durable, the original kept. It said "cannot write the ciphertext",
+/// which the user could take for a missing or partial output.
+#[test]
+fn a_drop_box_run_says_the_output_is_complete_and_the_original_kept() {
+    require_root();
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    their_dir(&d.join("box"), 0o755);
+    fs::write(d.join("box/f"), b"secret").unwrap();
+    chown(&d.join("box/f"), NOBODY);
+    common::chmod(&d.join("box"), 0o300);
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &rec, "--in-place", "box/f"])
+        .current_dir(d)
+        .env("TPMCRYPT_HOME", d.join("home"))
+        .env("TPMCRYPT_AGENT_SOCK", d.join("agent.sock"))
+        .output()
+        .expect("setpriv");
+    let r: Run = out.into();
+    common::chmod(&d.join("box"), 0o755);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.trim_end(),
+        "error: box/f.tpmc: complete, but cannot make the directory box durable: \
+         Permission denied (os error 13); box/f is kept",
+    );
+    assert_eq!(fs::read(d.join("box/f")).unwrap(), b"secret");
+    let back = common::run(d, &["decrypt", "-i", "rec.key", "-o", "-", "box/f.tpmc"]);
+    assert_ok(&back, "decrypt");
+    assert_eq!(back.stdout, b"secret");
+}

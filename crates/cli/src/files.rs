@@ -995,19 +995,30 @@ fn commit_by(
                 let Sink::File(dest) = &task.sink else {
                     continue;
                 };
-                let err = match e {
+                let (label, err) = match e {
                     // The output is durable; only the original was kept.
-                    CommitError::Original(e) => e,
-                    e @ CommitError::Rename(_) if is_exists(&e) => anyhow::Error::new(e),
-                    e => anyhow::Error::new(e).context(WriteError {
-                        output: shown(dest),
-                        input: task.label(),
-                        kind: opts.output_kind,
-                    }),
-                };
-                let label = match err.downcast_ref::<WriteError>() {
-                    Some(w) => w.output.clone(),
-                    None => task.label(),
+                    CommitError::Original(e) => (task.label(), e),
+                    e @ CommitError::Rename(_) if is_exists(&e) => {
+                        (task.label(), anyhow::Error::new(e))
+                    }
+                    // Complete under its name, but not known to be durable
+                    // (a directory that may not be read cannot be synced).
+                    e @ CommitError::Directory(..) => {
+                        let kept = match opts.in_place {
+                            true => format!("; {} is kept", task.label()),
+                            false => String::new(),
+                        };
+                        let err = anyhow::anyhow!("complete, but {e}{kept}");
+                        (shown(dest), err)
+                    }
+                    e => {
+                        let err = anyhow::Error::new(e).context(WriteError {
+                            output: shown(dest),
+                            input: task.label(),
+                            kind: opts.output_kind,
+                        });
+                        (shown(dest), err)
+                    }
                 };
                 report_labelled(summary, &label, &err);
             }
