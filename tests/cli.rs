@@ -708,6 +708,48 @@ fn a_run_of_many_files_commits_in_about_four_batches() {
     assert_eq!(listing(&d.join("t")).len(), 2 * N);
 }
 
+/// The removals of a run over many directories are made durable with one
+/// `syncfs` through one open directory per file system, not by opening
+/// every directory at once: at a low open-file limit that ran out of
+/// descriptors, and the run warned, for each directory, that the removal
+/// of its originals "may not be durable yet" (271 times for 300
+/// directories at 36 descriptors).
+#[test]
+fn removals_in_many_directories_are_made_durable_at_a_low_open_file_limit() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    const DIRS: usize = 300;
+    for i in 0..DIRS {
+        let sub = d.join(format!("t/d{i:03}"));
+        fs::create_dir_all(&sub).unwrap();
+        fs::write(sub.join("a"), bytes(500, i as u64)).unwrap();
+        fs::write(sub.join("b"), bytes(700, i as u64)).unwrap();
+    }
+    let out = common::wrapper(d, "prlimit")
+        .arg("--nofile=36:36")
+        .arg(common::bin())
+        .args([
+            "encrypt",
+            "-q",
+            "-j",
+            "1",
+            "-R",
+            &r,
+            "--in-place",
+            "-r",
+            "t",
+        ])
+        .output()
+        .expect("prlimit");
+    let res: Run = out.into();
+    assert_ok(&res, "encrypt at 36 descriptors");
+    assert!(res.stderr.is_empty(), "{}", res.stderr);
+    for i in [0, 150, 299] {
+        let names = listing(&d.join(format!("t/d{i:03}")));
+        assert_eq!(names, ["a.tpmc", "b.tpmc"]);
+    }
+}
+
 /// A run of many batches makes each batch's names durable with the next
 /// batch's data, one disk wait per batch instead of three, and still
 /// removes no original before a sync that began after its output got its

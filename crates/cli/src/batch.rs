@@ -553,16 +553,36 @@ fn make_durable<T: Send>(mut pending: Vec<Pending<T>>) -> (Synced<T>, Vec<u64>) 
 /// those that failed.
 /// With `whole`, even one directory gets the `syncfs` of its file system
 /// (which then also writes the inodes of files linked into it).
+///
+/// Of several directories, one per file system that honours `syncfs` is
+/// opened: its `syncfs` covers the others there, which need no descriptor
+/// (opening them all ran out of descriptors at a low open-file limit).
 fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)> {
     let mut failed = Vec::new();
     let mut open = Vec::with_capacity(dirs.len());
+    let several = whole || dirs.len() > 1;
+    // Devices with a directory open whose file system honours syncfs, and
+    // the directories there that ride on it.
+    let mut synced_devs: Vec<u64> = Vec::new();
+    let mut riders = Vec::new();
     for d in dirs {
+        if several {
+            if let Some(dev) = dev_of(d).filter(|dev| synced_devs.contains(dev)) {
+                riders.push((d.clone(), dev));
+                continue;
+            }
+        }
         match File::open(d) {
-            Ok(f) => open.push((d.clone(), f)),
+            Ok(f) => {
+                if several && atomic::syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) {
+                    synced_devs.extend(f.metadata().ok().map(|m| m.dev()));
+                }
+                open.push((d.clone(), f))
+            }
             Err(e) => failed.push((d.clone(), e)),
         }
     }
-    failed.extend(sync_open(open, whole));
+    failed.extend(sync_open(open, several, riders));
     failed
 }
 
@@ -570,7 +590,7 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)>
 /// [`sync_open`]). Returns the first error.
 pub fn sync_open_dirs(dirs: Vec<std::os::fd::OwnedFd>) -> io::Result<()> {
     let open = dirs.into_iter().map(|fd| ((), File::from(fd))).collect();
-    match sync_open(open, false).into_iter().next() {
+    match sync_open(open, false, Vec::new()).into_iter().next() {
         Some(((), e)) => Err(e),
         None => Ok(()),
     }
@@ -582,7 +602,15 @@ pub fn sync_open_dirs(dirs: Vec<std::os::fd::OwnedFd>) -> io::Result<()> {
 /// own, and a tree of many directories would pay one per directory and
 /// batch), the others are fsynced, several at once. Returns the tags of
 /// those that failed.
-fn sync_open<T: Send>(dirs: Vec<(T, File)>, whole: bool) -> Vec<(T, io::Error)> {
+///
+/// `riders`: directories not opened, each with its device, on which one of
+/// `dirs` is open with a file system that honours `syncfs` (the caller saw
+/// to that): they share that `syncfs` and its outcome.
+fn sync_open<T: Send>(
+    dirs: Vec<(T, File)>,
+    whole: bool,
+    riders: Vec<(T, u64)>,
+) -> Vec<(T, io::Error)> {
     let copy = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
     let mut failed = Vec::new();
     // One entry per directory, with the tags of all its names.
@@ -611,6 +639,18 @@ fn sync_open<T: Send>(dirs: Vec<(T, File)>, whole: bool) -> Vec<(T, io::Error)> 
             None => one_by_one.push((tags, f)),
         }
     }
+    let mut unsynced = Vec::new();
+    for (tag, dev) in riders {
+        match by_device.iter_mut().find(|(dv, _, _)| *dv == dev) {
+            Some((_, _, tags)) => tags.push(tag),
+            // Its device's directory could not be asked what it is.
+            None => unsynced.push(tag),
+        }
+    }
+    fail_all(
+        unsynced,
+        &io::Error::other("its file system could not be synced"),
+    );
     for (_, f, tags) in by_device {
         // SAFETY: syncfs on a valid open descriptor.
         if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
