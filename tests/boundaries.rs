@@ -38,6 +38,20 @@ fn chown(path: &Path, uid: u32) {
         .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
 }
 
+/// tpmcrypt run in `d` as the other user, its home and agent socket in `d`.
+fn run_as_other_user(d: &Path, args: &[&str]) -> Run {
+    let out = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(common::bin())
+        .args(args)
+        .current_dir(d)
+        .env("TPMCRYPT_HOME", d.join("home"))
+        .env("TPMCRYPT_AGENT_SOCK", d.join("agent.sock"))
+        .output()
+        .expect("setpriv");
+    out.into()
+}
+
 /// A directory owned by the other user, created as root then given away.
 fn their_dir(path: &Path, mode: u32) {
     fs::create_dir_all(path).expect("mkdir");
@@ -1207,16 +1221,7 @@ fn a_bad_file_or_directory_in_a_tree_fails_by_itself() {
     for p in ["t", "t/a.tpmc", "t/.tpmc", "rec.key"] {
         chown(&d.join(p), NOBODY);
     }
-    let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(common::bin())
-        .args(["decrypt", "-i", "rec.key", "-r", "--in-place", "t"])
-        .current_dir(d)
-        .env("TPMCRYPT_HOME", d.join("home"))
-        .env("TPMCRYPT_AGENT_SOCK", d.join("agent.sock"))
-        .output()
-        .expect("setpriv");
-    let r: Run = out.into();
+    let r = run_as_other_user(d, &["decrypt", "-i", "rec.key", "-r", "--in-place", "t"]);
     chown(d, 0);
     common::chmod(&t.join("locked"), 0o755);
     assert_eq!(r.code, 1, "{}", r.stderr);
@@ -1409,16 +1414,7 @@ fn a_drop_box_run_says_the_output_is_complete_and_the_original_kept() {
     fs::write(d.join("box/f"), b"secret").unwrap();
     chown(&d.join("box/f"), NOBODY);
     common::chmod(&d.join("box"), 0o300);
-    let out = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
-        .arg(common::bin())
-        .args(["encrypt", "-R", &rec, "--in-place", "box/f"])
-        .current_dir(d)
-        .env("TPMCRYPT_HOME", d.join("home"))
-        .env("TPMCRYPT_AGENT_SOCK", d.join("agent.sock"))
-        .output()
-        .expect("setpriv");
-    let r: Run = out.into();
+    let r = run_as_other_user(d, &["encrypt", "-R", &rec, "--in-place", "box/f"]);
     common::chmod(&d.join("box"), 0o755);
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert_eq!(

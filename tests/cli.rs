@@ -284,8 +284,38 @@ fn round_trip_output_variants() {
 /// The calls of the kinds in `trace` (strace's `-e trace=`) a run makes,
 /// in order, as strace saw them.
 fn traced(dir: &Path, trace: &str, args: &[&str]) -> Vec<String> {
+    traced_at(dir, None, trace, args)
+}
+
+/// `prlimit --nofile=N:N`, the wrapper that sets an open-file limit of `n`.
+fn file_limit(dir: &Path, n: u32) -> Command {
+    let mut cmd = common::wrapper(dir, "prlimit");
+    cmd.arg(format!("--nofile={n}:{n}"));
+    cmd
+}
+
+/// A run of tpmcrypt with `args` under an open-file limit of `n`.
+fn run_at_file_limit(dir: &Path, n: u32, args: &[&str]) -> Run {
+    let out = file_limit(dir, n)
+        .arg(common::bin())
+        .args(args)
+        .output()
+        .expect("prlimit");
+    out.into()
+}
+
+/// [`traced`], under an open-file limit of `nofile` if given.
+fn traced_at(dir: &Path, nofile: Option<u32>, trace: &str, args: &[&str]) -> Vec<String> {
     let log = dir.join("strace.log");
-    let status = common::wrapper(dir, "strace")
+    let mut cmd = match nofile {
+        Some(n) => {
+            let mut cmd = file_limit(dir, n);
+            cmd.arg("strace");
+            cmd
+        }
+        None => common::wrapper(dir, "strace"),
+    };
+    let status = cmd
         .args(["-f", "-qq", "-o"])
         .arg(&log)
         .args(["-e", &format!("trace={trace}")])
@@ -678,23 +708,12 @@ fn a_run_of_many_files_commits_in_about_four_batches() {
     }
     // An open-file limit that allows one batch of them all (1,349 files),
     // whatever the machine's: the build before made it one batch.
-    let log = d.join("strace.log");
-    let status = common::wrapper(d, "prlimit")
-        .arg("--nofile=8192:8192")
-        .args(["strace", "-f", "-qq", "-o"])
-        .arg(&log)
-        .args(["-e", "trace=syncfs,fsync,linkat"])
-        .arg(common::bin())
-        .args(["encrypt", "-R", &r, "-r", "t"])
-        .status()
-        .expect("prlimit and strace");
-    assert!(status.success(), "{status}");
-    let calls: Vec<String> = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    fs::remove_file(&log).unwrap();
+    let calls = traced_at(
+        d,
+        Some(8192),
+        "syncfs,fsync,linkat",
+        &["encrypt", "-R", &r, "-r", "t"],
+    );
     let mut batches = 0;
     let mut last_was_link = false;
     for c in &calls {
@@ -725,10 +744,10 @@ fn removals_in_many_directories_are_made_durable_at_a_low_open_file_limit() {
         fs::write(sub.join("a"), bytes(500, i as u64)).unwrap();
         fs::write(sub.join("b"), bytes(700, i as u64)).unwrap();
     }
-    let out = common::wrapper(d, "prlimit")
-        .arg("--nofile=36:36")
-        .arg(common::bin())
-        .args([
+    let res = run_at_file_limit(
+        d,
+        36,
+        &[
             "encrypt",
             "-q",
             "-j",
@@ -738,10 +757,8 @@ fn removals_in_many_directories_are_made_durable_at_a_low_open_file_limit() {
             "--in-place",
             "-r",
             "t",
-        ])
-        .output()
-        .expect("prlimit");
-    let res: Run = out.into();
+        ],
+    );
     assert_ok(&res, "encrypt at 36 descriptors");
     assert!(res.stderr.is_empty(), "{}", res.stderr);
     for i in [0, 150, 299] {
@@ -766,7 +783,6 @@ fn in_place_runs_of_many_batches_wait_once_per_batch_and_remove_originals_only_b
     for i in 0..N {
         fs::write(d.join(format!("t{}/f{i:03}", i % 3)), bytes(4096, i as u64)).unwrap();
     }
-    let log = d.join("strace.log");
     let args = [
         "encrypt",
         "-R",
@@ -779,21 +795,12 @@ fn in_place_runs_of_many_batches_wait_once_per_batch_and_remove_originals_only_b
         "t1",
         "t2",
     ];
-    let status = common::wrapper(d, "prlimit")
-        .arg("--nofile=96:96")
-        .args(["strace", "-f", "-qq", "-o"])
-        .arg(&log)
-        .args(["-e", "trace=fsync,fdatasync,syncfs,linkat,renameat2,unlink"])
-        .arg(common::bin())
-        .args(args)
-        .status()
-        .expect("prlimit and strace");
-    assert!(status.success(), "{status}");
-    let lines: Vec<String> = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let lines = traced_at(
+        d,
+        Some(96),
+        "fsync,fdatasync,syncfs,linkat,renameat2,unlink",
+        &args,
+    );
     // Each call: its name, its text, the line it began on, the line it
     // ended on (strace splits a call that another thread's interrupts).
     let mut calls: Vec<(String, String, usize, usize)> = Vec::new();
@@ -952,13 +959,7 @@ fn a_low_open_file_limit_fails_no_file() {
         vec!["decrypt", "-i", "id", "-j", "8", "-r", "--in-place", "t"],
         vec!["encrypt", "-R", &r, "-j", "8", "-r", "t"],
     ] {
-        let out = common::wrapper(d, "prlimit")
-            .arg("--nofile=64:64")
-            .arg(common::bin())
-            .args(&args)
-            .output()
-            .expect("prlimit");
-        let res: Run = out.into();
+        let res = run_at_file_limit(d, 64, &args);
         assert_ok(&res, &format!("{args:?}"));
         assert!(res.stderr.is_empty(), "{args:?}: {}", res.stderr);
     }
