@@ -9,7 +9,7 @@
 //! once [`remove_temporaries_on_interrupt`] is in force.
 
 use std::collections::BTreeSet;
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -837,30 +837,36 @@ fn cstring(path: &Path) -> io::Result<CString> {
 /// one output.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (cfrom, cto) = (cstring(from)?, cstring(to)?);
-    // SAFETY: two valid NUL-terminated paths; AT_FDCWD resolves them as
-    // rename(2) would.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cfrom.as_ptr(),
-            libc::AT_FDCWD,
-            cto.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
+    // AT_FDCWD resolves them as rename(2) would.
+    match renameat_noreplace(libc::AT_FDCWD, &cfrom, &cto) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists(to)),
+        r => r,
+    }
+}
+
+/// `renameat2(dir, from, dir, to, RENAME_NOREPLACE)`; on a file system
+/// without that flag, `linkat` (which refuses to replace too), then the
+/// old name unlinked. `to` taken: AlreadyExists.
+fn renameat_noreplace(dir: std::os::fd::RawFd, from: &CStr, to: &CStr) -> io::Result<()> {
+    // SAFETY: `dir` is AT_FDCWD or an open directory of the caller's, the
+    // names NUL-terminated.
+    if unsafe { libc::renameat2(dir, from.as_ptr(), dir, to.as_ptr(), libc::RENAME_NOREPLACE) } == 0
+    {
         return Ok(());
     }
     let err = io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EEXIST) => Err(exists(to)),
-        // File systems without RENAME_NOREPLACE: link(2) also refuses to
-        // replace, then drop the temporary name.
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => match fs::hard_link(from, to) {
-            Ok(()) => fs::remove_file(from),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(exists(to)),
-            Err(e) => Err(e),
-        },
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            // SAFETY: as above.
+            if unsafe { libc::linkat(dir, from.as_ptr(), dir, to.as_ptr(), 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: as above.
+            if unsafe { libc::unlinkat(dir, from.as_ptr(), 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        }
         _ => Err(err),
     }
 }
@@ -944,22 +950,7 @@ pub fn unlink_at(dir: &impl AsRawFd, name: &OsStr) -> io::Result<()> {
 /// on a file system without that flag `linkat` then `unlinkat`.
 pub fn rename_noreplace_at(dir: &impl AsRawFd, from: &OsStr, to: &OsStr) -> io::Result<()> {
     let (f, t) = (cstring(Path::new(from))?, cstring(Path::new(to))?);
-    let fd = dir.as_raw_fd();
-    // SAFETY: valid directory fd and NUL-terminated names.
-    if unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) } == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
-            // SAFETY: as above; linkat refuses to replace too.
-            if unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            unlink_at(dir, from)
-        }
-        _ => Err(err),
-    }
+    renameat_noreplace(dir.as_raw_fd(), &f, &t)
 }
 
 /// A directory opened once for names of tpmcrypt's own made in it one
@@ -997,6 +988,11 @@ impl NamingDir {
             path,
             readable: false,
         }
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Runs `make`, which gives this directory a name of tpmcrypt's own,

@@ -716,7 +716,7 @@ fn open_file_limit() -> u64 {
 /// (opened here unless the last original was in the same directory):
 /// consecutive originals of one directory share one open of it
 /// ([`NamingDir`]).
-fn remove_original(o: &Original, at: &mut Option<(PathBuf, NamingDir)>) -> anyhow::Result<()> {
+fn remove_original(o: &Original, at: &mut Option<NamingDir>) -> anyhow::Result<()> {
     use anyhow::Context as _;
     const WHAT: &str = "removing the original";
     let name = o
@@ -725,11 +725,10 @@ fn remove_original(o: &Original, at: &mut Option<(PathBuf, NamingDir)>) -> anyho
         .context("removing the original: no file name")?;
     let parent = atomic::parent_dir(&o.path);
     // The directory, open already if the last original was in it too.
-    let dir = &match at.take() {
-        Some((p, d)) if p == parent => at.insert((p, d)),
-        _ => at.insert((parent.to_path_buf(), NamingDir::open(parent))),
-    }
-    .1;
+    let dir = match at.take() {
+        Some(d) if d.path() == parent => at.insert(d),
+        _ => at.insert(NamingDir::open(parent)),
+    };
     let same = |(_, dev, ino): (Kind, u64, u64)| dev == o.stamp.dev && ino == o.stamp.ino;
     let unchanged = || o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
     let named = dir.lstat(name).context(WHAT)?;
