@@ -364,8 +364,9 @@ trait Feed: Send {
     const MAY_LEAVE: bool;
 
     /// The next segment and the outcome of reading it, in the order the
-    /// source hands them out; None once all are handed out.
-    fn next(&mut self) -> Option<(Chunk, Result<()>)>;
+    /// source hands them out; None once all are handed out, or once
+    /// `stopped` says the run has stopped while the feed waits.
+    fn next(&mut self, stopped: &dyn Fn() -> bool) -> Option<(Chunk, Result<()>)>;
 
     /// Takes back the buffer of a segment that has been written.
     fn recycle(&mut self, buf: Vec<u8>);
@@ -382,7 +383,7 @@ struct ChannelFeed {
 impl Feed for ChannelFeed {
     const MAY_LEAVE: bool = true;
 
-    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
+    fn next(&mut self, _stopped: &dyn Fn() -> bool) -> Option<(Chunk, Result<()>)> {
         self.jobs.recv().ok()
     }
 
@@ -393,26 +394,58 @@ impl Feed for ChannelFeed {
 }
 
 /// Feed from a regular file: the worker takes the next segment index and
-/// reads it itself with a positional read into its own buffer, so reading
-/// is parallel and no buffer changes hands.
+/// reads the segment itself with a positional read into its own buffer, so
+/// reading is parallel and a segment is read, sealed and written by one
+/// thread while it is in that core's cache. A worker done before its turn
+/// leaves its segment, buffer and all, to be written by the worker whose
+/// turn it is, and goes on with a spare buffer while there is one: a worker
+/// held up (by another process on its core) does not hold up the others.
 struct RegionFeed<'r, 'f> {
     region: &'r Region<'f>,
-    buf: Vec<u8>,
+    /// The worker's buffer, which it gets back when it writes its own
+    /// segment, so that it stays in its core's cache; empty (no capacity)
+    /// while its segment waits for its turn.
+    own: Vec<u8>,
+    /// The spares, shared by the workers.
+    spare_tx: crossbeam_channel::Sender<Vec<u8>>,
+    spare_rx: crossbeam_channel::Receiver<Vec<u8>>,
     timings: Option<&'r Timings>,
 }
 
-impl Feed for RegionFeed<'_, '_> {
-    // A worker keeps its one buffer, and its segment in its core's cache.
-    const MAY_LEAVE: bool = false;
+/// Spare segment buffers shared by a region's workers: how far the others
+/// may get ahead of a worker that is held up.
+const REGION_SPARES: usize = 2;
 
-    fn next(&mut self) -> Option<(Chunk, Result<()>)> {
-        let mut chunk = self.region.take(std::mem::take(&mut self.buf))?;
+impl Feed for RegionFeed<'_, '_> {
+    const MAY_LEAVE: bool = true;
+
+    fn next(&mut self, stopped: &dyn Fn() -> bool) -> Option<(Chunk, Result<()>)> {
+        // A run that stopped may hold every spare in segments left for a
+        // turn that never comes: wait a little at a time.
+        let buf = if self.own.capacity() > 0 {
+            std::mem::take(&mut self.own)
+        } else {
+            loop {
+                match self.spare_rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(buf) => break buf,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) if !stopped() => {}
+                    Err(_) => return None,
+                }
+            }
+        };
+        let mut chunk = self.region.take(buf)?;
         let read = timed(self.timings, Step::Read, || self.region.read(&mut chunk));
         Some((chunk, read))
     }
 
     fn recycle(&mut self, buf: Vec<u8>) {
-        self.buf = buf;
+        // The first buffer back after a write is the worker's own segment's.
+        if self.own.capacity() == 0 {
+            self.own = buf;
+        } else {
+            // The channel has room for every buffer there is.
+            let _ = self.spare_tx.send(buf);
+        }
     }
 }
 
@@ -451,7 +484,7 @@ fn run_engine<W: Write + Send, F: Feed>(
     let work = |(mut feed, _counted): (F, Option<ThreadGuard<'_>>)| -> Result<()> {
         let mut crypter = job.keys.crypter(job.backend)?;
         while !turns.stopped() {
-            let Some((mut chunk, read)) = feed.next() else {
+            let Some((mut chunk, read)) = feed.next(&|| turns.stopped()) else {
                 break;
             };
             let outcome = read.and_then(|()| {
@@ -586,12 +619,14 @@ fn segment_count(len: u64, first: u64, rest: u64) -> u64 {
 }
 
 /// As [`run`], for a regular file whose region `[start, end)` is known.
-/// Each worker owns one segment buffer and takes its segments in turn: a
+/// Each worker owns one segment buffer and takes the next segment: a
 /// positional read, the seal or open, then, when all segments before it are
-/// written, its own write. Reading is parallel, no buffer changes hands, and
-/// a segment is read, sealed and written by one thread while it is still in
-/// that core's cache; the calling thread is one of the workers. A single
-/// worker uses [`run`].
+/// written, its own write. Reading is parallel, and a segment is read,
+/// sealed and written by one thread while it is still in that core's
+/// cache. A worker done before its turn leaves its segment for the worker
+/// whose turn it is to write, and goes on with one of [`REGION_SPARES`]
+/// spare buffers, so one worker held up does not stop the rest. The
+/// calling thread is one of the workers. A single worker uses [`run`].
 #[allow(clippy::too_many_arguments)]
 pub fn run_file<W: Write + Send>(
     direction: Direction,
@@ -625,10 +660,17 @@ pub fn run_file<W: Write + Send>(
         reserve: input_reserve(direction, &layout),
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
+    let capacity = layout.segment_size + AES_BLOCK * 2;
+    let (spare_tx, spare_rx) = bounded(opts.workers + REGION_SPARES);
+    for _ in 0..REGION_SPARES {
+        let _ = spare_tx.send(Vec::with_capacity(capacity));
+    }
     let feeds = (0..opts.workers)
         .map(|_| RegionFeed {
             region: &region,
-            buf: Vec::with_capacity(layout.segment_size + AES_BLOCK * 2),
+            own: Vec::with_capacity(capacity),
+            spare_tx: spare_tx.clone(),
+            spare_rx: spare_rx.clone(),
             timings: opts.timings,
         })
         .collect();
@@ -855,6 +897,8 @@ impl<'o, W: Write> Turns<'o, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::GcmKey;
+    use crate::segment::{Mode, Params};
 
     /// A reader of `len` bytes that records the largest slice it was asked
     /// to fill.
@@ -871,6 +915,153 @@ mod tests {
             self.left -= n;
             Ok(n)
         }
+    }
+
+    /// Whether segment 0 may go on, and the segments sealed before it may.
+    type Held = Arc<(std::sync::Mutex<(bool, Vec<u32>)>, std::sync::Condvar)>;
+
+    /// A backend whose GCM keys hold up the seal of segment 0 until told,
+    /// and log which segments they sealed while it was held up.
+    struct HoldFirst {
+        inner: Arc<dyn Backend>,
+        held: Held,
+    }
+
+    struct HoldFirstKey {
+        inner: Box<dyn GcmKey>,
+        held: Held,
+    }
+
+    impl GcmKey for HoldFirstKey {
+        fn seal(&mut self, nonce: &[u8; 12], aad: &[u8], buf: &mut Vec<u8>) -> Result<()> {
+            let index = u32::from_be_bytes([nonce[7], nonce[8], nonce[9], nonce[10]]);
+            let (lock, cvar) = &*self.held;
+            let mut state = lock.lock().unwrap();
+            if index == 0 {
+                // Held until the others can go no further (or 2 s).
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while !state.0 && Instant::now() < deadline {
+                    state = cvar
+                        .wait_timeout(state, Duration::from_millis(20))
+                        .unwrap()
+                        .0;
+                }
+            } else if !state.0 {
+                state.1.push(index);
+            }
+            drop(state);
+            self.inner.seal(nonce, aad, buf)
+        }
+
+        fn open(
+            &mut self,
+            nonce: &[u8; 12],
+            aad: &[u8],
+            buf: &mut [u8],
+        ) -> std::result::Result<usize, crate::backend::AuthFailed> {
+            self.inner.open(nonce, aad, buf)
+        }
+    }
+
+    impl Backend for HoldFirst {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+        fn gcm(&self, key: &[u8]) -> Result<Box<dyn GcmKey>> {
+            Ok(Box::new(HoldFirstKey {
+                inner: self.inner.gcm(key)?,
+                held: self.held.clone(),
+            }))
+        }
+        fn cbc(&self, key: &[u8]) -> Result<Box<dyn crate::backend::CbcKey>> {
+            self.inner.cbc(key)
+        }
+        fn hmac(&self, hash: crate::backend::Hash, key: &[u8], parts: &[&[u8]]) -> Result<Vec<u8>> {
+            self.inner.hmac(hash, key, parts)
+        }
+        fn hkdf_sha256(&self, ikm: &[u8], salt: &[u8], info: &[u8], out: &mut [u8]) -> Result<()> {
+            self.inner.hkdf_sha256(ikm, salt, info, out)
+        }
+    }
+
+    /// While one worker is held up on a segment of a regular file, the
+    /// others go on with the next segments, as far as the spare buffers
+    /// allow and no further; the output is the same as a sequential run's.
+    #[test]
+    fn a_held_up_worker_does_not_hold_up_the_others_of_a_file() {
+        let params = Params::new(Mode::Gcm, 256)
+            .unwrap()
+            .with_segment_size(4096)
+            .unwrap();
+        let layout = Layout::new(&params).unwrap();
+        let inner = crate::backend::all().remove(0);
+        let held: Held = Arc::new((
+            std::sync::Mutex::new((false, Vec::new())),
+            std::sync::Condvar::new(),
+        ));
+        let backend: Arc<dyn Backend> = Arc::new(HoldFirst {
+            inner: inner.clone(),
+            held: held.clone(),
+        });
+        let keys = FileKeys::from_material(layout, &[9u8; 32], [3u8; NONCE_PREFIX_LEN]).unwrap();
+        let plain: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&plain).unwrap();
+        // Lets segment 0 go once the others have stopped sealing for a
+        // while (they are waiting for a buffer).
+        let release = {
+            let held = held.clone();
+            std::thread::spawn(move || {
+                let (lock, cvar) = &*held;
+                let mut seen = usize::MAX;
+                loop {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let mut state = lock.lock().unwrap();
+                    if state.1.len() == seen {
+                        state.0 = true;
+                        cvar.notify_all();
+                        return;
+                    }
+                    seen = state.1.len();
+                }
+            })
+        };
+        let mut sealed = Vec::new();
+        let opts = StreamOptions::parallel(2);
+        let n = run_file(
+            Direction::Seal,
+            &backend,
+            &keys,
+            &file,
+            0,
+            plain.len() as u64,
+            &mut sealed,
+            &opts,
+        )
+        .unwrap();
+        release.join().unwrap();
+        assert_eq!(n, plain.len() as u64);
+        let while_held = held.0.lock().unwrap().1.clone();
+        // Its own buffer and the spares, and no more.
+        assert_eq!(
+            while_held.len(),
+            1 + REGION_SPARES,
+            "while segment 0 was held up, the other worker sealed {while_held:?}"
+        );
+        let mut expected = Vec::new();
+        run(
+            Direction::Seal,
+            &inner,
+            &keys,
+            &mut &plain[..],
+            &mut expected,
+            &StreamOptions::sequential(),
+        )
+        .unwrap();
+        assert!(
+            sealed == expected,
+            "the output differs from a sequential run's"
+        );
     }
 
     /// A 16 KiB input cut into 1 MiB segments is read into a buffer that
