@@ -3308,3 +3308,123 @@ fn stats_json_never_replaces_data_or_a_special_file() {
     refused(&res, "another user's file");
     assert_eq!(fs::read(d.join("theirs.json")).unwrap(), b"theirs");
 }
+
+/// `-j` and `--workers` outside 1..=1024 are a usage error, at once. A
+/// number near the largest integer used to hang a run over a file of
+/// several segments (the engine's count of buffers wrapped around), and
+/// `-j 0` was taken as one worker.
+#[test]
+fn a_worker_count_out_of_range_is_a_usage_error() {
+    let dir = TempDir::new().unwrap();
+    let d = dir.path();
+    let recipient = recovery(d, "id.key");
+    fs::write(d.join("big"), bytes(3 << 20, 5)).unwrap();
+    for (args, what) in [
+        (
+            vec![
+                "encrypt",
+                "-j",
+                "18446744073709551615",
+                "-R",
+                &recipient,
+                "-o",
+                "-",
+                "big",
+            ],
+            "encrypt -j 2^64-1",
+        ),
+        (
+            vec!["encrypt", "-j", "0", "-R", &recipient, "-o", "-", "big"],
+            "encrypt -j 0",
+        ),
+        (
+            vec!["decrypt", "-j", "1025", "-i", "id.key", "-o", "-", "big"],
+            "decrypt -j 1025",
+        ),
+        (vec!["rekey", "-j", "99999", "big"], "rekey -j 99999"),
+        (
+            vec!["watch", "--workers", "0", "src", "dst"],
+            "watch --workers 0",
+        ),
+    ] {
+        let out = common::wrapper(d, "timeout")
+            .arg("30")
+            .arg(common::bin())
+            .args(&args)
+            .output()
+            .expect("timeout");
+        let r: Run = out.into();
+        assert_eq!(
+            r.code, USAGE,
+            "{what}: exit {}; stderr {}",
+            r.code, r.stderr
+        );
+        assert!(
+            r.stderr.contains("from 1 to 1024"),
+            "{what}: stderr {:?}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty(), "{what}: wrote to stdout");
+    }
+    let r = run(
+        d,
+        &[
+            "encrypt", "-j", "1024", "-R", &recipient, "-o", "big.tpmc", "big",
+        ],
+    );
+    assert_ok(&r, "encrypt -j 1024");
+}
+
+/// Workers of a large file that wait for a spare buffer (the worker whose
+/// turn it is to write is held up, here by a busy process on the one CPU
+/// the run may use) sleep until one is freed: they do not yield the CPU in
+/// a loop. The build before waited with a channel's timed receive, which
+/// spun and called `sched_yield` (90 times here; 18,000 in a 1 GiB
+/// decrypt, where on such a CPU it made the run up to five times slower).
+#[test]
+fn workers_waiting_for_a_buffer_do_not_spin() {
+    let dir = TempDir::new().unwrap();
+    let d = dir.path();
+    let recipient = recovery(d, "id.key");
+    let plain = bytes(24 << 20, 8);
+    fs::write(d.join("big"), &plain).unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &recipient, "-o", "big.tpmc", "big"]),
+        "encrypt",
+    );
+    let mut hog = common::wrapper(d, "taskset")
+        .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+        .spawn()
+        .expect("taskset");
+    let log = d.join("yield.log");
+    let out = common::wrapper(d, "taskset")
+        .args([
+            "-c",
+            "0",
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=sched_yield",
+            "-o",
+        ])
+        .arg(&log)
+        .arg(common::bin())
+        .args(["decrypt", "-j", "4", "-i", "id.key", "-o", "-", "big.tpmc"])
+        .output()
+        .expect("taskset and strace (installed by scripts/setup-deps)");
+    let _ = hog.kill();
+    let _ = hog.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == plain, "decrypted output differs");
+    let yields = fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("sched_yield"))
+        .count();
+    assert_eq!(yields, 0, "the workers yielded the CPU {yields} times");
+}

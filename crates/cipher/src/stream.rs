@@ -257,7 +257,7 @@ fn buffer_pool(
     crossbeam_channel::Sender<Vec<u8>>,
     crossbeam_channel::Receiver<Vec<u8>>,
 ) {
-    let buffers = workers * 2 + 2;
+    let buffers = workers.saturating_mul(2).saturating_add(2);
     let (tx, rx) = bounded::<Vec<u8>>(buffers);
     for _ in 0..buffers {
         // The channel has room for exactly `buffers` items.
@@ -370,6 +370,10 @@ trait Feed: Send {
 
     /// Takes back the buffer of a segment that has been written.
     fn recycle(&mut self, buf: Vec<u8>);
+
+    /// Told when this worker leaves the run (it is over for it, or
+    /// stopped), so that no other worker waits for what it would free.
+    fn leave(&mut self) {}
 }
 
 /// Feed from the reader thread of a stream: segments arrive on a channel
@@ -406,15 +410,70 @@ struct RegionFeed<'r, 'f> {
     /// segment, so that it stays in its core's cache; empty (no capacity)
     /// while its segment waits for its turn.
     own: Vec<u8>,
-    /// The spares, shared by the workers.
-    spare_tx: crossbeam_channel::Sender<Vec<u8>>,
-    spare_rx: crossbeam_channel::Receiver<Vec<u8>>,
+    spares: &'r Spares,
     timings: Option<&'r Timings>,
 }
 
 /// Spare segment buffers shared by a region's workers: how far the others
 /// may get ahead of a worker that is held up.
 const REGION_SPARES: usize = 2;
+
+/// The spare buffers of a region's workers. A worker waiting for one
+/// sleeps on a condition variable: it neither spins nor yields its CPU in
+/// a loop (a channel's timed receive did, and on a CPU shared with another
+/// busy process each yield gave the CPU away: a run to a pipe took up to
+/// five times as long).
+struct Spares {
+    /// The free spares, and whether the run is over for the workers.
+    state: std::sync::Mutex<(Vec<Vec<u8>>, bool)>,
+    freed: std::sync::Condvar,
+}
+
+impl Spares {
+    fn new(count: usize, capacity: usize) -> Self {
+        Spares {
+            state: std::sync::Mutex::new((
+                (0..count).map(|_| Vec::with_capacity(capacity)).collect(),
+                false,
+            )),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Vec<u8>>, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A spare, once one is free; None once the run is over (a worker
+    /// left) or `stopped` says it stopped. A worker that panicked leaves
+    /// without telling: `stopped` is asked every 50 ms.
+    fn take(&self, stopped: &dyn Fn() -> bool) -> Option<Vec<u8>> {
+        let mut state = self.lock();
+        loop {
+            if state.1 || stopped() {
+                return None;
+            }
+            if let Some(buf) = state.0.pop() {
+                return Some(buf);
+            }
+            state = self
+                .freed
+                .wait_timeout(state, Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn put(&self, buf: Vec<u8>) {
+        self.lock().0.push(buf);
+        self.freed.notify_one();
+    }
+
+    fn close(&self) {
+        self.lock().1 = true;
+        self.freed.notify_all();
+    }
+}
 
 impl Feed for RegionFeed<'_, '_> {
     const MAY_LEAVE: bool = true;
@@ -425,13 +484,7 @@ impl Feed for RegionFeed<'_, '_> {
         let buf = if self.own.capacity() > 0 {
             std::mem::take(&mut self.own)
         } else {
-            loop {
-                match self.spare_rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(buf) => break buf,
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) if !stopped() => {}
-                    Err(_) => return None,
-                }
-            }
+            self.spares.take(stopped)?
         };
         let mut chunk = self.region.take(buf)?;
         let read = timed(self.timings, Step::Read, || self.region.read(&mut chunk));
@@ -443,9 +496,14 @@ impl Feed for RegionFeed<'_, '_> {
         if self.own.capacity() == 0 {
             self.own = buf;
         } else {
-            // The channel has room for every buffer there is.
-            let _ = self.spare_tx.send(buf);
+            self.spares.put(buf);
         }
+    }
+
+    fn leave(&mut self) {
+        // Every segment is taken, or the run is over: nothing more to wait
+        // for a spare for.
+        self.spares.close();
     }
 }
 
@@ -482,7 +540,13 @@ fn run_engine<W: Write + Send, F: Feed>(
         .map(|feed| (feed, timings.map(Timings::enter)))
         .collect();
     let work = |(mut feed, _counted): (F, Option<ThreadGuard<'_>>)| -> Result<()> {
-        let mut crypter = job.keys.crypter(job.backend)?;
+        let mut crypter = match job.keys.crypter(job.backend) {
+            Ok(crypter) => crypter,
+            Err(e) => {
+                feed.leave();
+                return Err(e);
+            }
+        };
         while !turns.stopped() {
             let Some((mut chunk, read)) = feed.next(&|| turns.stopped()) else {
                 break;
@@ -497,6 +561,7 @@ fn run_engine<W: Write + Send, F: Feed>(
                 Handed::Go(spent) => spent.into_iter().for_each(|buf| feed.recycle(buf)),
             }
         }
+        feed.leave();
         Ok(())
     };
     let mine = if reader.is_none() && !feeds.is_empty() {
@@ -661,16 +726,12 @@ pub fn run_file<W: Write + Send>(
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
     let capacity = layout.segment_size + AES_BLOCK * 2;
-    let (spare_tx, spare_rx) = bounded(opts.workers + REGION_SPARES);
-    for _ in 0..REGION_SPARES {
-        let _ = spare_tx.send(Vec::with_capacity(capacity));
-    }
+    let spares = Spares::new(REGION_SPARES, capacity);
     let feeds = (0..opts.workers)
         .map(|_| RegionFeed {
             region: &region,
             own: Vec::with_capacity(capacity),
-            spare_tx: spare_tx.clone(),
-            spare_rx: spare_rx.clone(),
+            spares: &spares,
             timings: opts.timings,
         })
         .collect();

@@ -49,8 +49,8 @@ pub struct FileArgs {
     #[arg(long, conflicts_with = "in_place")]
     pub no_sync: bool,
 
-    /// Worker threads for large inputs (default: number of CPUs).
-    #[arg(short = 'j', long, value_name = "N")]
+    /// Worker threads for large inputs, 1 to 1024 (default: number of CPUs).
+    #[arg(short = 'j', long, value_name = "N", value_parser = crate::options::parse_workers)]
     pub jobs: Option<usize>,
 
     /// Write the run's figures (files, bytes, time, files/s, commit time,

@@ -106,6 +106,20 @@ pub fn default_workers() -> usize {
     *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Most workers `-j` and `--workers` accept: each is a thread with a
+/// segment buffer (1 MiB, up to 16), so a larger number only costs memory
+/// and start-up, and a number near the largest integer hung the engine
+/// (its buffer count wrapped around).
+pub const MAX_WORKERS: usize = 1024;
+
+/// Parses `-j N` / `--workers N`: 1 to [`MAX_WORKERS`].
+pub fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_WORKERS).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from 1 to {MAX_WORKERS}")),
+    }
+}
+
 /// `-j`/`--workers`, or one worker per CPU.
 pub fn workers(given: Option<usize>) -> usize {
     given.unwrap_or_else(default_workers)

@@ -76,8 +76,8 @@ pub struct RekeyArgs {
     #[arg(short = 'r', long)]
     pub recursive: bool,
 
-    /// Worker threads for large files (default: number of CPUs).
-    #[arg(short = 'j', long, value_name = "N")]
+    /// Worker threads for large files, 1 to 1024 (default: number of CPUs).
+    #[arg(short = 'j', long, value_name = "N", value_parser = crate::options::parse_workers)]
     pub jobs: Option<usize>,
 
     /// Files or directories (with -r) to rekey in place.

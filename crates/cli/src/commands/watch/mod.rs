@@ -69,9 +69,9 @@ pub struct WatchArgs {
     #[arg(long)]
     pub delete_plaintext: bool,
 
-    /// Files encrypted at once (default: number of CPUs). The work is
+    /// Files encrypted at once, 1 to 1024 (default: number of CPUs). The work is
     /// mostly waiting for fsync: on slow disks more workers help.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::options::parse_workers)]
     pub workers: Option<usize>,
 
     /// Payload mode.
