@@ -1398,14 +1398,17 @@ fn output_that_cannot_be_written_is_an_error() {
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
 
-/// A directory another user may write to but not read (a drop box): its
-/// entries cannot be made durable (a directory is synced by opening it),
-/// so `--in-place` keeps the original, and the error says what is true:
-/// the ciphertext is complete under its name, the directory not known to
-/// be durable, the original kept. It said "cannot write the ciphertext",
-/// which the user could take for a missing or partial output.
+/// A directory the user may write to but not read (a drop box) cannot be
+/// opened to be synced. Where its parent can be, on the same file system,
+/// a `syncfs` through the parent makes its entries durable, and
+/// `--in-place` completes: the output named, the original removed, no
+/// warning (before, the run kept the original and failed). Where the
+/// parent cannot be opened either, the original is kept and the error says
+/// what is true: the ciphertext is complete under its name, the directory
+/// not known to be durable. (It once said "cannot write the ciphertext",
+/// which the user could take for a missing or partial output.)
 #[test]
-fn a_drop_box_run_says_the_output_is_complete_and_the_original_kept() {
+fn a_drop_box_run_completes_where_its_parent_can_be_synced() {
     require_root();
     let dir = scratch();
     let d = dir.path();
@@ -1416,14 +1419,28 @@ fn a_drop_box_run_says_the_output_is_complete_and_the_original_kept() {
     common::chmod(&d.join("box"), 0o300);
     let r = run_as_other_user(d, &["encrypt", "-R", &rec, "--in-place", "box/f"]);
     common::chmod(&d.join("box"), 0o755);
-    assert_eq!(r.code, 1, "{}", r.stderr);
-    assert_eq!(
-        r.stderr.trim_end(),
-        "error: box/f.tpmc: complete, but cannot make the directory box durable: \
-         Permission denied (os error 13); box/f is kept",
-    );
-    assert_eq!(fs::read(d.join("box/f")).unwrap(), b"secret");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stderr, "", "no error and no warning");
+    assert!(!d.join("box/f").exists(), "the original is removed");
     let back = common::run(d, &["decrypt", "-i", "rec.key", "-o", "-", "box/f.tpmc"]);
     assert_ok(&back, "decrypt");
     assert_eq!(back.stdout, b"secret");
+
+    // A drop box in a directory the user may not read either.
+    their_dir(&d.join("p"), 0o755);
+    their_dir(&d.join("p/box"), 0o755);
+    fs::write(d.join("p/box/g"), b"other").unwrap();
+    chown(&d.join("p/box/g"), NOBODY);
+    common::chmod(&d.join("p/box"), 0o300);
+    common::chmod(&d.join("p"), 0o300);
+    let r = run_as_other_user(d, &["encrypt", "-R", &rec, "--in-place", "p/box/g"]);
+    common::chmod(&d.join("p"), 0o755);
+    common::chmod(&d.join("p/box"), 0o755);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(
+        r.stderr.trim_end(),
+        "error: p/box/g.tpmc: complete, but cannot make the directory p/box durable: \
+         Permission denied (os error 13); p/box/g is kept",
+    );
+    assert_eq!(fs::read(d.join("p/box/g")).unwrap(), b"other");
 }

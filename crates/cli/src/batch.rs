@@ -565,6 +565,8 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)>
     // the directories there that ride on it.
     let mut synced_devs: Vec<u64> = Vec::new();
     let mut riders = Vec::new();
+    // A directory stood in for by its parent: its file system's syncfs.
+    let mut anchored = false;
     for d in dirs {
         if several {
             if let Some(dev) = dev_of(d).filter(|dev| synced_devs.contains(dev)) {
@@ -579,11 +581,31 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)>
                 }
                 open.push((d.clone(), f))
             }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => match syncfs_anchor(d) {
+                Some((f, dev)) => {
+                    anchored = true;
+                    synced_devs.push(dev);
+                    open.push((d.clone(), f));
+                }
+                None => failed.push((d.clone(), e)),
+            },
             Err(e) => failed.push((d.clone(), e)),
         }
     }
-    failed.extend(sync_open(open, several, riders));
+    failed.extend(sync_open(open, several || anchored, riders));
     failed
+}
+
+/// A directory this user may write but not read (a drop box, mode 0300)
+/// cannot be opened to be synced. Its entries are made durable all the
+/// same by a `syncfs` of its file system, through its parent where that
+/// can be opened, is on the same file system, and the file system honours
+/// `syncfs`. Returns the parent, opened, and the device.
+fn syncfs_anchor(dir: &Path) -> Option<(File, u64)> {
+    let dev = dev_of(dir)?;
+    let parent = File::open(atomic::parent_dir(dir)).ok()?;
+    let same = parent.metadata().ok()?.dev() == dev;
+    (same && atomic::syncfs_is_durable(std::os::fd::AsFd::as_fd(&parent))).then_some((parent, dev))
 }
 
 /// Makes the entries of the open directories `dirs` durable (see
