@@ -479,8 +479,8 @@ impl Feed for RegionFeed<'_, '_> {
     const MAY_LEAVE: bool = true;
 
     fn next(&mut self, stopped: &dyn Fn() -> bool) -> Option<(Chunk, Result<()>)> {
-        // A run that stopped may hold every spare in segments left for a
-        // turn that never comes: wait a little at a time.
+        // Its own buffer if it has it back, else a spare (waited for; none
+        // once the run is over).
         let buf = if self.own.capacity() > 0 {
             std::mem::take(&mut self.own)
         } else {
