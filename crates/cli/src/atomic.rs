@@ -824,7 +824,7 @@ pub fn parent_dir(path: &Path) -> &Path {
 
 /// fsyncs a directory so that a rename or unlink in it is durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    open_directory(dir)?.sync_all()
 }
 
 fn cstring(path: &Path) -> io::Result<CString> {
@@ -1181,11 +1181,17 @@ pub const CLEAN_MARK: &std::ffi::CStr = c"user.tpmcrypt.clean";
 /// `dir` opened for its lock and its mark (following symbolic links, as
 /// the paths of its files do); None where it cannot be.
 fn open_dir(dir: &Path) -> Option<File> {
+    open_directory(dir).ok()
+}
+
+/// Opens `dir` for reading, refusing anything but a directory: a name
+/// another user swapped for a FIFO would otherwise block the open, and
+/// the run with it, until someone wrote to the FIFO.
+pub fn open_directory(dir: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(dir)
-        .ok()
 }
 
 fn flock(dir: &impl std::os::fd::AsRawFd, op: libc::c_int) -> bool {

@@ -574,7 +574,7 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)>
                 continue;
             }
         }
-        match File::open(d) {
+        match atomic::open_directory(d) {
             Ok(f) => {
                 if several && atomic::syncfs_is_durable(std::os::fd::AsFd::as_fd(&f)) {
                     synced_devs.extend(f.metadata().ok().map(|m| m.dev()));
@@ -603,7 +603,7 @@ fn sync_dirs(dirs: &BTreeSet<PathBuf>, whole: bool) -> Vec<(PathBuf, io::Error)>
 /// `syncfs`. Returns the parent, opened, and the device.
 fn syncfs_anchor(dir: &Path) -> Option<(File, u64)> {
     let dev = dev_of(dir)?;
-    let parent = File::open(atomic::parent_dir(dir)).ok()?;
+    let parent = atomic::open_directory(atomic::parent_dir(dir)).ok()?;
     let same = parent.metadata().ok()?.dev() == dev;
     (same && atomic::syncfs_is_durable(std::os::fd::AsFd::as_fd(&parent))).then_some((parent, dev))
 }
@@ -803,6 +803,32 @@ mod tests {
     use super::*;
 
     use std::path::Path;
+
+    /// A directory to sync that another user swapped for a FIFO is an
+    /// error at once, not an open that waits for a writer.
+    #[test]
+    fn a_directory_swapped_for_a_fifo_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("d");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dirs: BTreeSet<PathBuf> = [fifo.clone()].into();
+        std::thread::spawn(move || {
+            let _ = tx.send(sync_dirs(&dirs, false));
+        });
+        let failed = match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(failed) => failed,
+            Err(_) => {
+                // Unblock the open the old code is stuck in.
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+                panic!("syncing a FIFO as a directory blocked");
+            }
+        };
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].1.raw_os_error(), Some(libc::ENOTDIR));
+    }
 
     fn output(dir: &Path, name: &str, data: &[u8]) -> AtomicFile {
         use std::io::Write;
