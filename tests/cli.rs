@@ -3379,7 +3379,7 @@ fn a_worker_count_out_of_range_is_a_usage_error() {
 /// turn it is to write is held up, here by a busy process on the one CPU
 /// the run may use) sleep until one is freed: they do not yield the CPU in
 /// a loop. The build before waited with a channel's timed receive, which
-/// spun and called `sched_yield` (90 times here; 18,000 in a 1 GiB
+/// spun and called `sched_yield` (211 times here; 18,000 in a 1 GiB
 /// decrypt, where on such a CPU it made the run up to five times slower).
 #[test]
 fn workers_waiting_for_a_buffer_do_not_spin() {

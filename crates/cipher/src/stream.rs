@@ -246,6 +246,11 @@ impl<R: Read> Chunker<R> {
     }
 }
 
+/// Room for one segment and what sealing adds to it.
+fn segment_capacity(layout: &Layout) -> usize {
+    layout.segment_size + AES_BLOCK * 2
+}
+
 /// The buffers in circulation for `workers` threads, each holding one
 /// segment: their number bounds the engine's memory. Returns the count and
 /// the pool, already filled.
@@ -261,7 +266,7 @@ fn buffer_pool(
     let (tx, rx) = bounded::<Vec<u8>>(buffers);
     for _ in 0..buffers {
         // The channel has room for exactly `buffers` items.
-        let _ = tx.send(Vec::with_capacity(layout.segment_size + AES_BLOCK * 2));
+        let _ = tx.send(Vec::with_capacity(segment_capacity(layout)));
     }
     (buffers, tx, rx)
 }
@@ -725,7 +730,7 @@ pub fn run_file<W: Write + Send>(
         reserve: input_reserve(direction, &layout),
         next_index: std::sync::atomic::AtomicU64::new(0),
     };
-    let capacity = layout.segment_size + AES_BLOCK * 2;
+    let capacity = segment_capacity(&layout);
     let spares = Spares::new(REGION_SPARES, capacity);
     let feeds = (0..opts.workers)
         .map(|_| RegionFeed {
