@@ -56,7 +56,7 @@ impl RecoveryKey {
 
     fn from_secret(secret: SecretKey) -> Self {
         #[cfg(feature = "aws-lc")]
-        if let Some((lc, public)) = aws_lc_key(&secret) {
+        if let Some((lc, public)) = crate::recipient::p256::aws_lc_key(&secret) {
             return RecoveryKey {
                 secret,
                 public,
@@ -143,23 +143,7 @@ impl EcdhP256 for RecoveryKey {
     fn ecdh(&self, peer: &[u8; POINT_LEN]) -> Result<Zeroizing<[u8; 32]>> {
         #[cfg(feature = "aws-lc")]
         if let Some(lc) = &self.lc {
-            use aws_lc_rs::agreement::{agree, UnparsedPublicKey, ECDH_P256};
-            let invalid = || Error::Unwrap("invalid P-256 point".into());
-            // AWS-LC checks that the point is on the curve (Wycheproof's
-            // invalid-curve vectors, tests/wycheproof.rs).
-            return agree(
-                lc,
-                UnparsedPublicKey::new(&ECDH_P256, peer),
-                invalid(),
-                |z| {
-                    let mut out = Zeroizing::new([0u8; 32]);
-                    if z.len() != out.len() {
-                        return Err(invalid());
-                    }
-                    out.copy_from_slice(z);
-                    Ok(out)
-                },
-            );
+            return crate::recipient::p256::aws_lc_ecdh(lc, peer);
         }
         let peer = p256::PublicKey::from_sec1_bytes(peer)
             .map_err(|_| Error::Unwrap("invalid P-256 point".into()))?;
@@ -172,21 +156,6 @@ impl EcdhP256 for RecoveryKey {
     fn in_memory(&self) -> bool {
         true
     }
-}
-
-/// `secret` as AWS-LC's key and its public point, uncompressed; `None` if
-/// AWS-LC refuses it (it does not for a scalar `SecretKey` holds: the
-/// caller then uses the portable arithmetic).
-#[cfg(feature = "aws-lc")]
-fn aws_lc_key(secret: &SecretKey) -> Option<(aws_lc_rs::agreement::PrivateKey, [u8; POINT_LEN])> {
-    use aws_lc_rs::agreement::{PrivateKey, ECDH_P256};
-    use zeroize::Zeroize as _;
-    let mut scalar = secret.to_bytes();
-    let key = PrivateKey::from_private_key(&ECDH_P256, &scalar);
-    scalar.as_mut_slice().zeroize();
-    let key = key.ok()?;
-    let public: [u8; POINT_LEN] = key.compute_public_key().ok()?.as_ref().try_into().ok()?;
-    Some((key, public))
 }
 
 /// A PKCS#8 PEM `PRIVATE KEY` of P-256 (id-ecPublicKey, prime256v1) as its

@@ -44,8 +44,8 @@ pub trait Recipient: Send + Sync {
 
     /// As [`Recipient::wrap`] with the operating system's RNG, which lets
     /// a recipient use a library that draws its own randomness from it
-    /// (P-256: ring's ephemeral ECDH, about 4x fewer instructions than the
-    /// RustCrypto arithmetic `wrap` uses). [`crate::session::Encryptor::new`]
+    /// (P-256: AWS-LC's or ring's ephemeral ECDH, about 4x fewer
+    /// instructions than the RustCrypto arithmetic `wrap` uses). [`crate::session::Encryptor::new`]
     /// wraps with this; `Encryptor::with_rng` with [`Recipient::wrap`].
     fn wrap_with_os_rng(&self, key: &SessionKey) -> Result<Stanza> {
         self.wrap(key, &mut rand_core::OsRng)

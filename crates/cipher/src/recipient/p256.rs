@@ -93,6 +93,92 @@ fn uncompressed(public: &PublicKey) -> Result<[u8; POINT_LEN]> {
         .map_err(|_| Error::Backend("unexpected SEC1 encoding length".into()))
 }
 
+/// An ephemeral ECDH with `peer` (uncompressed SEC1) by AWS-LC: the
+/// ephemeral public point and Z. The scalar is drawn here from the
+/// operating system (`SecretKey::random`, wiped when dropped), not by
+/// AWS-LC's own generator, whose first use in a process seeds itself from
+/// CPU jitter for about 23 ms (`perf`: `jent_*`).
+#[cfg(feature = "aws-lc")]
+fn os_rng_ecdh(peer: &[u8; POINT_LEN]) -> Result<([u8; POINT_LEN], Zeroizing<[u8; 32]>)> {
+    let secret = p256::SecretKey::random(&mut rand_core::OsRng);
+    let (key, e_point) =
+        aws_lc_key(&secret).ok_or_else(|| Error::Backend("AWS-LC P-256: ephemeral key".into()))?;
+    Ok((e_point, aws_lc_ecdh(&key, peer)?))
+}
+
+/// `secret` as AWS-LC's key and its public point, uncompressed; `None` if
+/// AWS-LC refuses it (it does not for a scalar `SecretKey` holds). AWS-LC
+/// wipes the key when it frees it.
+#[cfg(feature = "aws-lc")]
+pub(crate) fn aws_lc_key(
+    secret: &p256::SecretKey,
+) -> Option<(aws_lc_rs::agreement::PrivateKey, [u8; POINT_LEN])> {
+    use aws_lc_rs::agreement::{PrivateKey, ECDH_P256};
+    use zeroize::Zeroize as _;
+    let mut scalar = secret.to_bytes();
+    let key = PrivateKey::from_private_key(&ECDH_P256, &scalar);
+    scalar.as_mut_slice().zeroize();
+    let key = key.ok()?;
+    let public = point_of(key.compute_public_key().ok()?.as_ref()).ok()?;
+    Some((key, public))
+}
+
+/// Z = x-coordinate of (`key` · `peer`), by AWS-LC, which refuses a point
+/// off the curve (Wycheproof's invalid-curve vectors,
+/// `tests/wycheproof.rs`).
+#[cfg(feature = "aws-lc")]
+pub(crate) fn aws_lc_ecdh(
+    key: &aws_lc_rs::agreement::PrivateKey,
+    peer: &[u8; POINT_LEN],
+) -> Result<Zeroizing<[u8; 32]>> {
+    use aws_lc_rs::agreement::{agree, UnparsedPublicKey, ECDH_P256};
+    let invalid = || Error::Unwrap("invalid P-256 point".into());
+    agree(
+        key,
+        UnparsedPublicKey::new(&ECDH_P256, peer),
+        invalid(),
+        |z| {
+            let mut out = Zeroizing::new([0u8; 32]);
+            if z.len() != out.len() {
+                return Err(invalid());
+            }
+            out.copy_from_slice(z);
+            Ok(out)
+        },
+    )
+}
+
+/// The same by ring (which does not wipe the ephemeral scalar).
+#[cfg(all(feature = "ring", not(feature = "aws-lc")))]
+fn os_rng_ecdh(peer: &[u8; POINT_LEN]) -> Result<([u8; POINT_LEN], Zeroizing<[u8; 32]>)> {
+    use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, ECDH_P256};
+    let failed = |what: &str| Error::Backend(format!("ring P-256: {what}"));
+    let ephemeral = EphemeralPrivateKey::generate(&ECDH_P256, &ring::rand::SystemRandom::new())
+        .map_err(|_| failed("ephemeral key"))?;
+    let e_point = point_of(
+        ephemeral
+            .compute_public_key()
+            .map_err(|_| failed("public point"))?
+            .as_ref(),
+    )?;
+    let mut z = Zeroizing::new([0u8; 32]);
+    agree_ephemeral(
+        ephemeral,
+        &UnparsedPublicKey::new(&ECDH_P256, peer),
+        |shared| z.copy_from_slice(shared),
+    )
+    .map_err(|_| failed("ECDH"))?;
+    Ok((e_point, z))
+}
+
+/// An uncompressed SEC1 point from a library's bytes.
+#[cfg(any(feature = "aws-lc", feature = "ring"))]
+fn point_of(bytes: &[u8]) -> Result<[u8; POINT_LEN]> {
+    bytes
+        .try_into()
+        .map_err(|_| Error::Backend("P-256 public point of the wrong length".into()))
+}
+
 fn wrap_cipher(kind: u8, z: &[u8; 32], ephemeral: &[u8], recipient: &[u8]) -> Result<Aes256Gcm> {
     let mut salt = Vec::with_capacity(POINT_LEN * 2);
     salt.extend_from_slice(ephemeral);
@@ -116,29 +202,13 @@ impl Recipient for P256Recipient {
         self.seal(key, &z, &e_point)
     }
 
-    /// The same stanza, the ephemeral key and Z from ring (which draws the
-    /// ephemeral key from the operating system's RNG itself).
-    #[cfg(feature = "ring")]
+    /// The same stanza, the ephemeral key and Z from AWS-LC, else ring
+    /// (each draws the ephemeral key from the operating system's RNG
+    /// itself). AWS-LC first: it wipes the ephemeral scalar and Z when it
+    /// frees them, and ring does not (either one gives the session key).
+    #[cfg(any(feature = "aws-lc", feature = "ring"))]
     fn wrap_with_os_rng(&self, key: &SessionKey) -> Result<Stanza> {
-        use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, ECDH_P256};
-        let failed = |what: &str| Error::Backend(format!("ring P-256: {what}"));
-        let ephemeral = EphemeralPrivateKey::generate(&ECDH_P256, &ring::rand::SystemRandom::new())
-            .map_err(|_| failed("ephemeral key"))?;
-        let public = ephemeral
-            .compute_public_key()
-            .map_err(|_| failed("public point"))?;
-        let e_point: [u8; POINT_LEN] = public
-            .as_ref()
-            .try_into()
-            .map_err(|_| failed("public point length"))?;
-        let peer = uncompressed(&self.public)?;
-        let mut z = Zeroizing::new([0u8; 32]);
-        agree_ephemeral(
-            ephemeral,
-            &UnparsedPublicKey::new(&ECDH_P256, &peer),
-            |shared| z.copy_from_slice(shared),
-        )
-        .map_err(|_| failed("ECDH"))?;
+        let (e_point, z) = os_rng_ecdh(&uncompressed(&self.public)?)?;
         self.seal(key, &z, &e_point)
     }
 
@@ -240,5 +310,40 @@ impl<E: EcdhP256> Identity for P256Identity<E> {
 
     fn in_memory(&self) -> bool {
         self.ecdh.in_memory()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recovery::RecoveryKey;
+
+    /// A stanza wrapped with the library's own RNG (AWS-LC where built in,
+    /// else ring) opens with the key, each with a fresh ephemeral point.
+    #[test]
+    fn os_rng_wrap_opens_with_a_fresh_ephemeral_each_time() {
+        let key = RecoveryKey::generate(&mut rand_core::OsRng);
+        let recipient = key.recipient().unwrap();
+        let identity = key.into_identity().unwrap();
+        let session = SessionKey::generate(&mut rand_core::OsRng);
+        let points: Vec<Vec<u8>> = (0..8)
+            .map(|_| {
+                let stanza = recipient.wrap_with_os_rng(&session).unwrap();
+                assert_eq!(stanza.body.len(), BODY_LEN);
+                let got = identity
+                    .unwrap(&stanza)
+                    .unwrap()
+                    .expect("addressed to the key");
+                assert_eq!(got.expose(), session.expose());
+                stanza.body[FINGERPRINT_LEN..FINGERPRINT_LEN + POINT_LEN].to_vec()
+            })
+            .collect();
+        for (i, a) in points.iter().enumerate() {
+            assert_eq!(a[0], 0x04, "uncompressed point");
+            assert!(
+                points[i + 1..].iter().all(|b| b != a),
+                "ephemeral point reused"
+            );
+        }
     }
 }
