@@ -193,6 +193,14 @@ pub fn parse_recipient(s: &str) -> Result<P256Recipient> {
             "recovery recipient has the wrong length".into(),
         ));
     }
+    // A compressed SEC1 point and nothing else: p256 would also read a
+    // "compact" point (tag 5, x alone), which names the key or its
+    // negation.
+    if !matches!(point[0], 2 | 3) {
+        return Err(Error::InvalidRecipient(
+            "recovery recipient is not a compressed P-256 point".into(),
+        ));
+    }
     P256Recipient::from_sec1(kind::RECOVERY_P256, &point)
 }
 
@@ -382,6 +390,28 @@ mod tests {
             "tpmcrypt-recovery:AAAA",
         ] {
             assert!(parse_recipient(s).is_err(), "{s}");
+        }
+    }
+
+    /// A recipient string holds a compressed SEC1 point (tag 2 or 3 and
+    /// x). Any other tag before the same x is refused: p256 also reads
+    /// tag 5 ("compact", x alone) as a point, which for about half of all
+    /// keys is the negated one, so a file encrypted to it would not open
+    /// with the recovery key.
+    #[test]
+    fn a_recipient_string_must_hold_a_compressed_sec1_point() {
+        let key = RecoveryKey::generate(&mut rand_core::OsRng);
+        let good = key.recipient_string();
+        let point = URL_SAFE_NO_PAD
+            .decode(good.strip_prefix(RECIPIENT_PREFIX).unwrap())
+            .unwrap();
+        assert!(matches!(point[0], 2 | 3));
+        assert!(parse_recipient(&good).is_ok());
+        for tag in [0u8, 1, 4, 5, 6, 7, 0x82, 0xff] {
+            let mut bad = point.clone();
+            bad[0] = tag;
+            let s = format!("{RECIPIENT_PREFIX}{}", URL_SAFE_NO_PAD.encode(&bad));
+            assert!(parse_recipient(&s).is_err(), "tag {tag} accepted");
         }
     }
 }
