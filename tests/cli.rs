@@ -1571,6 +1571,23 @@ fn recipients_no_tpm_key_can_decrypt_are_refused() {
         common::assert_error_line(&r, USAGE, Some(name), needles, name);
         assert!(!d.join("x.tpmc").exists(), "{name}: an output was written");
     }
+    // P-256 keys whose point is the point at infinity (an empty point) or
+    // off the curve: usage errors like the rest (the build before said the
+    // first with OpenSSL's error stack, exit 1).
+    for (name, base64) in [
+        ("infinity.pub", "MBkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDAgAA"),
+        (
+            "off-curve.pub",
+            "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE6sfunBt8drCg1L1gpIkog9g525IM\n\
+             TCUv+Xgiva3xtjaZ/WmWgm0GAYltwUM1Z6nFtNR4uee+WnUXqkVZH5IutA==",
+        ),
+    ] {
+        let pem = format!("-----BEGIN PUBLIC KEY-----\n{base64}\n-----END PUBLIC KEY-----\n");
+        fs::write(d.join(name), pem).unwrap();
+        let r = run(d, &["encrypt", "-R", name, "-o", "x.tpmc", "p"]);
+        common::assert_error_line(&r, USAGE, Some(name), &["invalid recipient"], name);
+        assert!(!d.join("x.tpmc").exists(), "{name}: an output was written");
+    }
     // What a TPM does hold is accepted: RSA-2048 with e = 65537 or 3, P-256.
     for (name, args) in [
         ("rsa2048.pub", rsa("rsa_keygen_bits:2048")),

@@ -174,7 +174,11 @@ pub fn tpm_recipient_from_spki_der(der: &[u8]) -> Result<Box<dyn Recipient>> {
 /// Refuses an EC key on any curve but NIST P-256, naming the curve.
 fn check_p256(pkey: &openssl::pkey::PKey<openssl::pkey::Public>) -> Result<()> {
     use openssl::nid::Nid;
-    let ec = pkey.ec_key().map_err(Error::backend)?;
+    // OpenSSL reads the point at infinity (an empty point) as a key, then
+    // cannot give it as an EC key.
+    let ec = pkey.ec_key().map_err(|_| {
+        Error::InvalidRecipient("an EC public key whose point is not a usable P-256 point".into())
+    })?;
     match ec.group().curve_name() {
         Some(Nid::X9_62_PRIME256V1) => Ok(()),
         Some(nid) => Err(Error::InvalidRecipient(format!(
