@@ -275,6 +275,62 @@ fn an_unknown_recovery_recipient_is_never_dropped_silently() {
     assert_eq!(plaintext(d, &["-i", "r3.key"], "f.tpmc").stdout, b"data");
 }
 
+/// A file encrypted to a recovery key's PEM public key names that key
+/// in a stanza of kind `tpm-p256` (the kind of every PEM P-256
+/// recipient). Rekeyed through that very key, it keeps the key, now as a
+/// recovery recipient; `--no-keep-recovery` or `--drop-recovery` still
+/// drop it. The build before dropped it as a TPM recipient, silently
+/// (exit 0), and the recovery key no longer opened the file.
+#[test]
+fn a_recovery_key_given_as_a_pem_is_kept_as_a_recovery_recipient() {
+    let dir = scratch();
+    let d = dir.path();
+    let r1 = recovery(d, "r1.key");
+    let r2 = recovery(d, "r2.key");
+    let out = std::process::Command::new("openssl")
+        .args(["pkey", "-in", "r1.key", "-pubout", "-out", "r1.pub.pem"])
+        .current_dir(d)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "{out:?}");
+    for f in ["a", "b", "c"] {
+        fs::write(d.join(f), f.as_bytes()).unwrap();
+        assert_ok(
+            &run(d, &["encrypt", "-R", "r1.pub.pem", "--in-place", f]),
+            "encrypt",
+        );
+    }
+    let (_, before) = who(d, "a.tpmc");
+    assert_eq!(before.len(), 1);
+    assert_eq!(before.iter().next().unwrap().0, "tpm-p256");
+    let fp1 = recovery_fp(d, &r1);
+    assert_eq!(
+        before.iter().next().unwrap().1,
+        fp1,
+        "one fingerprint a key"
+    );
+
+    assert_ok(
+        &run(d, &["rekey", "-i", "r1.key", "-R", &r2, "a.tpmc"]),
+        "rekey",
+    );
+    let fp2 = recovery_fp(d, &r2);
+    assert_eq!(who(d, "a.tpmc").1, BTreeSet::from([rec(&fp1), rec(&fp2)]));
+    assert_eq!(plaintext(d, &["-i", "r1.key"], "a.tpmc").stdout, b"a");
+    assert_eq!(plaintext(d, &["-i", "r2.key"], "a.tpmc").stdout, b"a");
+
+    for (file, flag) in [
+        ("b.tpmc", vec!["--no-keep-recovery"]),
+        ("c.tpmc", vec!["--drop-recovery", r1.as_str()]),
+    ] {
+        let mut args = vec!["rekey", "-i", "r1.key", "-R", &r2];
+        args.extend_from_slice(&flag);
+        args.push(file);
+        assert_ok(&run(d, &args), file);
+        assert_eq!(who(d, file).1, BTreeSet::from([rec(&fp2)]), "{flag:?}");
+    }
+}
+
 /// What rekey must not touch: a file that is not a tpmcrypt file (exit
 /// 3), one no identity opens (exit 3), a symlink (exit 2), a file with
 /// two names (exit 1), each one line and untouched, the others still

@@ -133,16 +133,26 @@ impl Targets {
             out.iter()
                 .any(|r| r.kind() == kind::RECOVERY_P256 && r.fingerprint() == fp)
         };
+        let known = |fp: &[u8]| fp.try_into().ok().and_then(|f: Fp| self.known.get(&f));
+        // Its recovery recipients, and its P-256 "TPM" recipients that are
+        // a recovery key this run knows: a file encrypted to a recovery
+        // key's PEM public key names it with the kind of every PEM P-256
+        // key, and that key must not be retired with the TPM keys.
         let own = header
             .stanzas
             .iter()
-            .filter(|s| self.keep && s.kind == kind::RECOVERY_P256)
+            .filter(|_| self.keep)
+            .filter(|s| {
+                s.kind == kind::RECOVERY_P256
+                    || (s.kind == kind::TPM_P256
+                        && s.fingerprint().is_some_and(|f| known(f).is_some()))
+            })
             .filter_map(Stanza::fingerprint);
         for fp in own {
             if self.dropped.iter().any(|d| d == fp) || has(&out, fp) {
                 continue;
             }
-            match fp.try_into().ok().and_then(|f: Fp| self.known.get(&f)) {
+            match known(fp) {
                 Some(r) => out.push(r.clone()),
                 None => {
                     return Err(CipherError::InvalidRecipient(format!(
