@@ -1611,6 +1611,58 @@ fn recipients_no_tpm_key_can_decrypt_are_refused() {
     }
 }
 
+/// An identity file is read only up to 1 MiB (a recovery identity is
+/// under 1 KiB): `-i /dev/zero`, or a large file given by mistake, is one
+/// usage error, not a read until memory runs out (the build before read
+/// both to the end: under a 1 GiB address-space limit, "out of memory",
+/// exit 1). A file that is not text gets the same line from `decrypt -i`
+/// and `recovery recipient` (the latter said "stream did not contain
+/// valid UTF-8", exit 1).
+#[test]
+fn an_identity_file_is_never_read_past_a_mebibyte() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"plaintext").unwrap();
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "p.tpmc", "p"]),
+        "encrypt",
+    );
+    let big = fs::File::create(d.join("big.key")).unwrap();
+    big.set_len(4 << 30).unwrap();
+    drop(big);
+    for identity in ["/dev/zero", "big.key"] {
+        let out = common::wrapper(d, "prlimit")
+            .arg("--as=1073741824")
+            .arg(common::bin())
+            .args(["decrypt", "-i", identity, "-o", "-", "p.tpmc"])
+            .output()
+            .expect("prlimit");
+        let r = Run::from(out);
+        common::assert_error_line(
+            &r,
+            USAGE,
+            Some(identity),
+            &["invalid identity", "larger than 1024 KiB"],
+            identity,
+        );
+        assert!(r.stdout.is_empty(), "{identity}: output");
+    }
+    fs::write(d.join("latin1.key"), b"# caf\xe9\n").unwrap();
+    for args in [
+        &["decrypt", "-i", "latin1.key", "-o", "-", "p.tpmc"][..],
+        &["recovery", "recipient", "latin1.key"],
+    ] {
+        let r = run(d, args);
+        common::assert_error_line(
+            &r,
+            USAGE,
+            Some("latin1.key"),
+            &["invalid identity", "not a text file"],
+            &args.join(" "),
+        );
+    }
+}
+
 // ---------------------------------------------------------------- files
 
 #[test]

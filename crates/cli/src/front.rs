@@ -297,10 +297,7 @@ impl<F: Fn() -> Option<AgentCache> + Send + Sync> SessionCache for HeldAgent<F> 
 /// A `-i` identity, if `path` is a regular file: one from a pipe, a FIFO
 /// or a device is left to tpmcrypt-full, which must be the one to read it.
 fn regular_identity(path: &Path) -> Option<Box<dyn Identity>> {
-    use std::io::Read as _;
-    let mut file = open_regular(path)?;
-    let mut bytes = zeroize::Zeroizing::new(Vec::new());
-    file.read_to_end(&mut bytes).ok()?;
+    let bytes = crate::keys::read_identity(open_regular(path)?, path).ok()?;
     crate::keys::parse_identity(path, &bytes).ok()
 }
 

@@ -120,14 +120,50 @@ fn read_recipients_file(value: &OsStr) -> anyhow::Result<(String, Vec<u8>)> {
     Ok((label, data))
 }
 
+/// Largest identity file read: a recovery identity is under 1 KiB, and a
+/// device such as /dev/zero, or a large file given by mistake, must not be
+/// read until memory runs out.
+const MAX_IDENTITY_FILE: u64 = 1 << 20;
+
 /// Loads one `-i` identity file.
 pub fn load_identity(path: &Path) -> anyhow::Result<Box<dyn Identity>> {
-    let bytes = Zeroizing::new(fs::read(path).with_context(|| path.display().to_string())?);
-    parse_identity(path, &bytes)
+    parse_identity(path, &read_identity_file(path)?)
+}
+
+/// The bytes of identity file `path` (at most [`MAX_IDENTITY_FILE`]).
+pub fn read_identity_file(path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
+    let file = fs::File::open(path).with_context(|| path.display().to_string())?;
+    read_identity(file, path)
+}
+
+/// The bytes of the identity file `path` open as `file`, at most
+/// [`MAX_IDENTITY_FILE`]: a longer one is refused.
+pub fn read_identity(file: impl std::io::Read, path: &Path) -> anyhow::Result<Zeroizing<Vec<u8>>> {
+    let label = || path.display().to_string();
+    // Room for any identity from the start, so that the buffer is never
+    // moved, leaving a copy of the key behind.
+    let mut bytes = Zeroizing::new(Vec::with_capacity(16 << 10));
+    file.take(MAX_IDENTITY_FILE + 1)
+        .read_to_end(&mut bytes)
+        .with_context(label)?;
+    if bytes.len() as u64 > MAX_IDENTITY_FILE {
+        return Err(tpmcrypt_cipher::Error::InvalidIdentity(format!(
+            "larger than {} KiB: not a tpmcrypt identity",
+            MAX_IDENTITY_FILE >> 10
+        )))
+        .with_context(label);
+    }
+    Ok(bytes)
 }
 
 /// The identity in `bytes`, read from `path` (named in errors).
 pub fn parse_identity(path: &Path, bytes: &[u8]) -> anyhow::Result<Box<dyn Identity>> {
+    Ok(Box::new(recovery_key(path, bytes)?.into_identity()?))
+}
+
+/// The recovery key in identity file `bytes`, read from `path` (named in
+/// errors).
+pub fn recovery_key(path: &Path, bytes: &[u8]) -> anyhow::Result<RecoveryKey> {
     let label = || path.display().to_string();
     let text = std::str::from_utf8(bytes)
         .map_err(|_| {
@@ -136,8 +172,7 @@ pub fn parse_identity(path: &Path, bytes: &[u8]) -> anyhow::Result<Box<dyn Ident
             )
         })
         .with_context(label)?;
-    let key = RecoveryKey::parse(text).with_context(label)?;
-    Ok(Box::new(key.into_identity()?))
+    RecoveryKey::parse(text).with_context(label)
 }
 
 /// Opens the keystore named by `--keystore`/`TPMCRYPT_HOME`, or the

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::Subcommand;
 use tpmcrypt_cipher::recovery::RecoveryKey;
-use zeroize::Zeroizing;
 
 /// `tpmcrypt recovery …`.
 #[derive(Subcommand, Debug)]
@@ -38,10 +37,8 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
     match cmd {
         RecoveryCommand::Create { out, force, yes } => create(out, *force, *yes),
         RecoveryCommand::Recipient { identity } => {
-            let text = Zeroizing::new(
-                fs::read_to_string(identity).with_context(|| identity.display().to_string())?,
-            );
-            let key = RecoveryKey::parse(&text).with_context(|| identity.display().to_string())?;
+            let bytes = crate::keys::read_identity_file(identity)?;
+            let key = crate::keys::recovery_key(identity, &bytes)?;
             crate::ui::stdout::write_all(format!("{}\n", key.recipient_string()).as_bytes())?;
             Ok(crate::ui::exit::OK)
         }

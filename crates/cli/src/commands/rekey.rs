@@ -27,9 +27,7 @@ use rand_core::CryptoRngCore;
 use tpmcrypt_cipher::armor;
 use tpmcrypt_cipher::format::{Header, Stanza, FINGERPRINT_LEN};
 use tpmcrypt_cipher::recipient::{kind, Recipient};
-use tpmcrypt_cipher::recovery::RecoveryKey;
 use tpmcrypt_cipher::{Decryptor, Encryptor, Error as CipherError, Params, StreamOptions};
-use zeroize::Zeroizing;
 
 use crate::files::{self, FileArgs, Holds, Naming, RunOptions};
 use crate::keys;
@@ -184,14 +182,11 @@ fn recovery_fingerprints(values: &[OsString]) -> anyhow::Result<Vec<Fp>> {
 
 /// The recovery recipients of the `-i` identities.
 fn identity_recipients(paths: &[PathBuf]) -> anyhow::Result<Vec<Arc<dyn Recipient>>> {
-    use anyhow::Context as _;
     let mut out: Vec<Arc<dyn Recipient>> = Vec::new();
     for p in paths {
-        let bytes = Zeroizing::new(std::fs::read(p).with_context(|| p.display().to_string())?);
-        let Ok(text) = std::str::from_utf8(&bytes) else {
-            continue; // load_identity names the problem
-        };
-        if let Ok(key) = RecoveryKey::parse(text) {
+        let bytes = keys::read_identity_file(p)?;
+        // load_identity names any other problem.
+        if let Ok(key) = keys::recovery_key(p, &bytes) {
             out.push(Arc::new(key.recipient()?));
         }
     }
