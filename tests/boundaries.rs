@@ -681,6 +681,44 @@ fn a_damaged_key_file_affects_only_that_key_and_never_a_recovery_identity() {
     // What a crash or a full disk leaves of another key.
     fs::write(ks.join("other.key.pem"), b"").unwrap();
     common::chmod(&ks.join("other.key.pem"), 0o600);
+    // A P-256 key file whose public point was damaged (one bit of y):
+    // encrypting to it is one usage error naming the file and the cause
+    // (the build before: OpenSSL's error stack, exit 1, no file named).
+    assert_ok(
+        &common::run(d, &["--simulator", "key", "create", "bad"]),
+        "create bad",
+    );
+    let unpem = |pem: &str| {
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        openssl::base64::decode_block(&body).unwrap()
+    };
+    let public = unpem(&fs::read_to_string(ks.join("bad.pub.pem")).unwrap());
+    let mut key = unpem(&fs::read_to_string(ks.join("bad.key.pem")).unwrap());
+    let y = &public[public.len() - 32..];
+    let at = key
+        .windows(32)
+        .position(|w| w == y)
+        .expect("y in the key file");
+    key[at + 31] ^= 1;
+    let pem = format!(
+        "-----BEGIN TSS2 PRIVATE KEY-----\n{}\n-----END TSS2 PRIVATE KEY-----\n",
+        openssl::base64::encode_block(&key)
+    );
+    fs::write(ks.join("bad.key.pem"), pem).unwrap();
+    fs::write(d.join("h"), b"for bad").unwrap();
+    let r = common::run(d, &["encrypt", "--key", "bad", "h"]);
+    common::assert_error_line(
+        &r,
+        2,
+        None,
+        &["bad.key.pem", "not on NIST P-256"],
+        "encrypt --key bad",
+    );
+    assert!(!d.join("h.tpmc").exists());
+    fs::remove_file(d.join("h")).unwrap();
+    for f in ["bad.key.pem", "bad.pub.pem", "bad.json"] {
+        fs::remove_file(ks.join(f)).unwrap();
+    }
 
     let r = common::run(
         d,

@@ -549,8 +549,12 @@ fn with_recovery(
 /// against `NAME.pub.pem` by the keystore, and any recovery recipients
 /// recorded for it.
 pub fn key_recipients(store: &Keystore, name: &str) -> Result<Vec<Box<dyn Recipient>>> {
-    let (der, meta) = store.public_key_der(name)?;
     let at = || store.key_path(name).display().to_string();
+    // A damaged key file is a key that cannot work, named.
+    let (der, meta) = store.public_key_der(name).map_err(|e| match e {
+        Error::KeyFile(_) => Error::InvalidRecipient(format!("{}: {e}", at())),
+        e => e,
+    })?;
     let pem = openssl::pkey::PKey::public_key_from_der(&der)?.public_key_to_pem()?;
     let key = recipient::tpm_recipient_from_pem(&pem)
         .map_err(|e| Error::InvalidRecipient(format!("{}: {e}", at())))?;

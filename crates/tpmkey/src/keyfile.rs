@@ -543,8 +543,11 @@ impl KeyBlob {
                 let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
                 let x = BigNum::from_slice(unique.x().value())?;
                 let y = BigNum::from_slice(unique.y().value())?;
-                let key = EcKey::from_public_key_affine_coordinates(&group, &x, &y)?;
-                key.check_key()?;
+                let off_curve =
+                    |_| Error::KeyFile("the ECC public point is not on NIST P-256".into());
+                let key =
+                    EcKey::from_public_key_affine_coordinates(&group, &x, &y).map_err(off_curve)?;
+                key.check_key().map_err(off_curve)?;
                 Ok(PKey::from_ec_key(key)?)
             }
             _ => kf("unsupported key type"),
