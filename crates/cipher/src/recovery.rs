@@ -79,8 +79,41 @@ impl RecoveryKey {
             Error::InvalidIdentity("no PRIVATE KEY block (not a tpmcrypt recovery identity)".into())
         })?;
         let not_p256 = || Error::InvalidIdentity("the PRIVATE KEY block is not a P-256 key".into());
+        // The block ends at its END line; only comments and blank lines
+        // may follow it, as they may come before it.
+        const END: &str = "-----END PRIVATE KEY-----";
+        let block_end = text[begin..]
+            .find(END)
+            .map(|i| begin + i + END.len())
+            .ok_or_else(|| {
+                Error::InvalidIdentity("the PRIVATE KEY block has no END line".into())
+            })?;
+        let after = text[block_end..]
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'));
+        if after.is_some()
+            || !text[block_end..]
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .is_empty()
+        {
+            return Err(Error::InvalidIdentity(
+                "text after the PRIVATE KEY block (only # comment lines may follow it)".into(),
+            ));
+        }
         let (secret, embedded) =
-            decode_pkcs8_pem(text[begin..].trim_end()).map_err(|_| not_p256())?;
+            decode_pkcs8_pem(&text[begin..block_end]).map_err(|e| match e {
+                Pkcs8Error::Pem => Error::InvalidIdentity(
+                    "the PRIVATE KEY block is not valid PEM (base64 in lines of one width, \
+                     no blank line inside)"
+                        .into(),
+                ),
+                Pkcs8Error::Key => not_p256(),
+            })?;
         let key = RecoveryKey::from_secret(secret);
         // The check `SecretKey::from_pkcs8_pem` makes (an embedded public
         // key must be the scalar's), against the point computed once above
@@ -162,20 +195,33 @@ impl EcdhP256 for RecoveryKey {
 /// scalar and the public key embedded in it, if any: what
 /// `SecretKey::from_pkcs8_pem` decodes, without its own scalar
 /// multiplication to check the embedded key (the caller checks it).
-fn decode_pkcs8_pem(pem: &str) -> std::result::Result<(SecretKey, Option<EncodedPoint>), ()> {
-    let (label, doc) = SecretDocument::from_pem(pem).map_err(|_| ())?;
-    PrivateKeyInfo::validate_pem_label(label).map_err(|_| ())?;
-    let info = PrivateKeyInfo::try_from(doc.as_bytes()).map_err(|_| ())?;
+fn decode_pkcs8_pem(
+    pem: &str,
+) -> std::result::Result<(SecretKey, Option<EncodedPoint>), Pkcs8Error> {
+    let (label, doc) = SecretDocument::from_pem(pem).map_err(|_| Pkcs8Error::Pem)?;
+    PrivateKeyInfo::validate_pem_label(label).map_err(|_| Pkcs8Error::Pem)?;
+    fn key<E>(_: E) -> Pkcs8Error {
+        Pkcs8Error::Key
+    }
+    let info = PrivateKeyInfo::try_from(doc.as_bytes()).map_err(key)?;
     info.algorithm
         .assert_oids(ALGORITHM_OID, NistP256::OID)
-        .map_err(|_| ())?;
-    let ec = EcPrivateKey::from_der(info.private_key).map_err(|_| ())?;
-    let secret = SecretKey::from_slice(ec.private_key).map_err(|_| ())?;
+        .map_err(key)?;
+    let ec = EcPrivateKey::from_der(info.private_key).map_err(key)?;
+    let secret = SecretKey::from_slice(ec.private_key).map_err(key)?;
     let embedded = match ec.public_key {
-        Some(bytes) => Some(EncodedPoint::from_bytes(bytes).map_err(|_| ())?),
+        Some(bytes) => Some(EncodedPoint::from_bytes(bytes).map_err(key)?),
         None => None,
     };
     Ok((secret, embedded))
+}
+
+/// Why [`decode_pkcs8_pem`] refused a block.
+enum Pkcs8Error {
+    /// Not a well-formed PEM block.
+    Pem,
+    /// Well-formed, but not a P-256 PKCS#8 key.
+    Key,
 }
 
 /// Parses a recovery recipient string.
@@ -390,6 +436,46 @@ mod tests {
             "tpmcrypt-recovery:AAAA",
         ] {
             assert!(parse_recipient(s).is_err(), "{s}");
+        }
+    }
+
+    /// Comment lines and blank lines may follow the PEM block as they may
+    /// precede it (the build before refused a note added after it as "not
+    /// a P-256 key"); other text there is named as such, and so is a block
+    /// that is not well-formed PEM.
+    #[test]
+    fn comments_may_follow_the_block_and_other_faults_are_named() {
+        let key = RecoveryKey::generate(&mut rand_core::OsRng);
+        let text = key.to_file_contents("a note").unwrap().to_string();
+        for tail in [
+            "",
+            "\n",
+            "\n\n",
+            "# copied to USB 2\n",
+            "\n  # indented\n\n",
+        ] {
+            let parsed = RecoveryKey::parse(&format!("{text}{tail}"))
+                .unwrap_or_else(|e| panic!("{tail:?}: {e}"));
+            assert_eq!(parsed.public, key.public);
+        }
+        for (bad, says) in [
+            (
+                format!("{text}copied to USB 2\n"),
+                "text after the PRIVATE KEY block",
+            ),
+            (format!("{text}{text}"), "text after the PRIVATE KEY block"),
+            (
+                text.trim_end().to_string() + "trailing",
+                "text after the PRIVATE KEY block",
+            ),
+            (
+                text.replacen("\n", "\n\n", text.lines().count() - 2),
+                "not valid PEM",
+            ),
+            (text.replace("-----END PRIVATE KEY-----", ""), "no END line"),
+        ] {
+            let e = RecoveryKey::parse(&bad).err().expect("refused").to_string();
+            assert!(e.contains(says), "{e}");
         }
     }
 
