@@ -91,9 +91,13 @@ impl Header {
     /// key is known.
     pub fn read_from<R: Read + ?Sized>(input: &mut R) -> Result<Header> {
         let mut raw = vec![0u8; FIXED_LEN];
-        read_exact_or(input, &mut raw, || Error::NotTpmcrypt)?;
-        if raw[..8] != MAGIC {
+        let n = read_full(input, &mut raw)?;
+        if n < MAGIC.len() || raw[..MAGIC.len()] != MAGIC {
             return Err(Error::NotTpmcrypt);
+        }
+        if n < FIXED_LEN {
+            // The magic is there: a tpmcrypt file, cut short.
+            return Err(truncated_header());
         }
         if raw[8] != VERSION {
             return Err(Error::UnsupportedVersion(raw[8]));
@@ -248,6 +252,21 @@ mod tests {
                 Header::read_from(&mut &bytes[..cut]).is_err(),
                 "cut at {cut}"
             );
+        }
+    }
+
+    /// A file cut inside the fixed header but after its magic is a
+    /// truncated tpmcrypt file, not "not a tpmcrypt file" (as the build
+    /// before said of 8 to 15 bytes); shorter than the magic, it is not one.
+    #[test]
+    fn a_header_cut_after_the_magic_is_truncated() {
+        let bytes = sample();
+        for n in 0..FIXED_LEN {
+            let e = Header::read_from(&mut &bytes[..n]).expect_err("refused");
+            match n < MAGIC.len() {
+                true => assert!(matches!(e, Error::NotTpmcrypt), "{n}: {e}"),
+                false => assert!(e.to_string().contains("ends inside the header"), "{n}: {e}"),
+            }
         }
     }
 
