@@ -65,16 +65,63 @@ impl std::fmt::Debug for SessionKey {
     }
 }
 
-fn lock_memory(ptr: *const u8, len: usize) -> bool {
-    // SAFETY: `ptr..ptr+len` is a live heap allocation owned by the caller;
-    // mlock only changes paging behaviour and never touches the contents.
-    unsafe { libc::mlock(ptr.cast(), len) == 0 }
+/// The locked pages and how many live secrets lie on each. `mlock` and
+/// `munlock` work on whole pages and do not count: unlocking one secret's
+/// range would unlock another secret on the same page (an agent holding
+/// many session keys let most of them become swappable as others expired).
+/// So a page is unlocked only when the last secret on it goes.
+static LOCKED_PAGES: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn page_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *SIZE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    })
 }
 
-fn unlock_memory(ptr: *const u8, len: usize) {
-    // SAFETY: as for `lock_memory`; the allocation is still live here.
-    unsafe {
-        libc::munlock(ptr.cast(), len);
+/// The start of each page `ptr..ptr+len` touches.
+fn pages(ptr: *const u8, len: usize) -> impl Iterator<Item = usize> {
+    let size = page_size();
+    let first = ptr as usize / size * size;
+    let last = (ptr as usize + len.max(1) - 1) / size * size;
+    (first..=last).step_by(size)
+}
+
+/// Locks `ptr..ptr+len` in memory, where the process is allowed to, and
+/// counts it on its pages; `false` if `mlock` refused. A range locked here
+/// must be given back to [`unlock_memory`] before it is freed.
+pub fn lock_memory(ptr: *const u8, len: usize) -> bool {
+    let mut locked = LOCKED_PAGES.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: `ptr..ptr+len` is a live allocation owned by the caller;
+    // mlock only changes paging behaviour and never touches the contents.
+    if unsafe { libc::mlock(ptr.cast(), len) } != 0 {
+        return false;
+    }
+    for page in pages(ptr, len) {
+        *locked.entry(page).or_insert(0) += 1;
+    }
+    true
+}
+
+/// Undoes [`lock_memory`]: each page of the range is unlocked once no
+/// other locked range lies on it.
+pub fn unlock_memory(ptr: *const u8, len: usize) {
+    let mut locked = LOCKED_PAGES.lock().unwrap_or_else(|e| e.into_inner());
+    for page in pages(ptr, len) {
+        match locked.get_mut(&page) {
+            Some(count) if *count > 1 => *count -= 1,
+            _ => {
+                locked.remove(&page);
+                // SAFETY: the page holds the caller's live allocation;
+                // munlock only changes paging behaviour.
+                unsafe {
+                    libc::munlock(page as *const libc::c_void, page_size());
+                }
+            }
+        }
     }
 }
 
@@ -87,6 +134,49 @@ mod tests {
         let key = SessionKey::from_bytes(&[0xAB; 32]);
         let shown = format!("{key:?}");
         assert!(!shown.contains("ab") && !shown.contains("171"), "{shown}");
+    }
+
+    /// Whether the page at `addr` is locked, from the kernel's own account
+    /// (`/proc/self/smaps`: the mapping that holds it has the `lo` flag).
+    fn page_is_locked(addr: usize) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if inside && line.starts_with("VmFlags:") {
+                return line.split_whitespace().any(|f| f == "lo");
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Two keys on one page: dropping one leaves the other locked (the
+    /// build before unlocked the whole page with the first drop).
+    #[test]
+    fn a_key_dropped_leaves_its_neighbours_locked() {
+        let keys: Vec<SessionKey> = (0..64).map(|i| SessionKey::from_bytes(&[i; 32])).collect();
+        assert!(keys.iter().all(SessionKey::is_locked), "mlock refused");
+        let page = |k: &SessionKey| k.expose().as_ptr() as usize / page_size();
+        let (i, j) = (0..keys.len())
+            .flat_map(|i| (i + 1..keys.len()).map(move |j| (i, j)))
+            .find(|&(i, j)| page(&keys[i]) == page(&keys[j]))
+            .expect("two keys on one page");
+        let survivor = keys[j].expose().as_ptr() as usize;
+        let mut keys = keys;
+        let gone = keys.remove(i);
+        drop(gone);
+        assert!(
+            page_is_locked(survivor),
+            "the page of a live key was unlocked"
+        );
+        drop(keys);
     }
 
     #[test]

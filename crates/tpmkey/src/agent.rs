@@ -422,11 +422,10 @@ pub struct Agent {
 /// is allowed to (best effort: it is wiped after each use either way).
 fn locked_buffer(len: usize) -> Box<[u8]> {
     let buf = vec![0u8; len].into_boxed_slice();
-    // SAFETY: a live heap allocation of `len` bytes, owned by the agent for
-    // its whole life; mlock only pins its pages.
-    unsafe {
-        libc::mlock(buf.as_ptr().cast(), len);
-    }
+    // Counted with the session keys' locks, so that a key dropped from a
+    // page this buffer shares does not unlock it. Owned by the agent for
+    // its whole life: never unlocked.
+    tpmcrypt_cipher::secret::lock_memory(buf.as_ptr(), len);
     buf
 }
 
