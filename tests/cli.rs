@@ -1663,6 +1663,51 @@ fn an_identity_file_is_never_read_past_a_mebibyte() {
     }
 }
 
+/// A standard error nobody reads any more (a log collector that died, a
+/// `2>&1 | head -1`) never ends a run: its warnings are lost, its work is
+/// done. The build before panicked on the warning (exit 101, no output).
+#[test]
+fn a_warning_to_a_closed_stderr_does_not_end_the_run() {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"plaintext").unwrap();
+    // An agent socket in a directory anyone may write to: the run warns
+    // that it does not use it, and goes on.
+    let loose = d.join("loose");
+    fs::create_dir(&loose).unwrap();
+    chmod(&loose, 0o777);
+    drop(std::os::unix::net::UnixListener::bind(loose.join("agent.sock")).unwrap());
+    let mut fds = [0; 2];
+    // SAFETY: a valid array of two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just made and are owned here.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(reader);
+    let out = tpmcrypt(d)
+        .env("TPMCRYPT_AGENT_SOCK", loose.join("agent.sock"))
+        .args(["encrypt", "-R", &r, "-o", "p.tpmc", "p"])
+        .stderr(Stdio::from(writer))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let dec = run(d, &["decrypt", "-i", "id", "-o", "-", "p.tpmc"]);
+    assert_ok(&dec, "decrypt");
+    assert_eq!(dec.stdout, b"plaintext");
+    // The same run with stderr readable says why it does not use the agent.
+    let out = tpmcrypt(d)
+        .env("TPMCRYPT_AGENT_SOCK", loose.join("agent.sock"))
+        .args(["encrypt", "-f", "-R", &r, "-o", "p.tpmc", "p"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("warning: ") && stderr.contains("agent"),
+        "{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------- files
 
 #[test]

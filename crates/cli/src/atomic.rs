@@ -1405,7 +1405,7 @@ pub fn restore_moved_aside(path: &Path) -> Restored {
     }
     let what = "an original that an interrupted run was removing";
     let Some(original) = original else {
-        eprintln!(
+        stderr_line!(
             "tpmcrypt: warning: {}: {what}; its name is not known: left as it is",
             shown(path)
         );
@@ -1417,7 +1417,7 @@ pub fn restore_moved_aside(path: &Path) -> Restored {
             // Best effort: not durable yet, it is still under one name or
             // the other.
             let _ = sync_dir(parent_dir(path));
-            eprintln!(
+            stderr_line!(
                 "tpmcrypt: {}: {what}: put back as {}",
                 shown(path),
                 shown(&back)
@@ -1430,7 +1430,7 @@ pub fn restore_moved_aside(path: &Path) -> Restored {
             } else {
                 format!("cannot rename it back to {}: {e}", shown(&back))
             };
-            eprintln!(
+            stderr_line!(
                 "tpmcrypt: warning: {}: {what}; {why}: left as it is (compare the two, keep what you need)",
                 shown(path)
             );

@@ -404,7 +404,7 @@ fn finish<T: Send>(
 /// loses nothing (its output is), so a failure here is only reported.
 fn sync_removals(dirs: BTreeSet<PathBuf>) {
     for (dir, e) in sync_dirs(&dirs, false) {
-        eprintln!(
+        stderr_line!(
             "{} {}: the removal of originals may not be durable yet: {e}",
             crate::ui::colour::warning(),
             crate::ui::shown(&dir)

@@ -1050,7 +1050,7 @@ fn report(summary: &mut Summary, task_label: &str, err: &anyhow::Error) {
 fn report_labelled(summary: &mut Summary, label: &str, err: &anyhow::Error) {
     let code = exit::code_for(err);
     let error = crate::ui::colour::error();
-    eprintln!("{error} {}: {}", printable(label), one_line(err));
+    stderr_line!("{error} {}: {}", printable(label), one_line(err));
     summary.failed += 1;
     summary.first_code.get_or_insert(code);
 }

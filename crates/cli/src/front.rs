@@ -386,7 +386,7 @@ fn full_path() -> Option<PathBuf> {
 /// Replaces this process with `tpmcrypt-full`, given the same arguments.
 fn hand_over(argv: &[OsString]) -> ! {
     let Some(full) = full_path() else {
-        eprintln!(
+        stderr_line!(
             "{} {FULL} is not installed beside tpmcrypt (nor in {LIBEXEC}/ from it): \
              reinstall tpmcrypt",
             crate::ui::colour::error()
@@ -405,7 +405,7 @@ fn hand_over(argv: &[OsString]) -> ! {
         cmd.arg0(arg0);
     }
     let err = cmd.args(argv.iter().skip(1)).exec();
-    eprintln!(
+    stderr_line!(
         "{} cannot run {}: {err}",
         crate::ui::colour::error(),
         crate::ui::printable(&full.display().to_string())

@@ -232,7 +232,7 @@ pub fn keystore_identities(
     // blocks an identity given with -i (the way back when the TPM is gone).
     let warn = |what: String, e: &dyn std::fmt::Display| {
         let warning = crate::ui::colour::warning();
-        eprintln!("{warning} {what}: {}", crate::ui::printable(&e.to_string()));
+        stderr_line!("{warning} {what}: {}", crate::ui::printable(&e.to_string()));
     };
     let store = tpmcrypt_tpmkey::Keystore::open(&dir)?;
     match tpmcrypt_tpmkey::identity::keystore_identities(&store, access, &pins) {

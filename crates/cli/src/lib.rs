@@ -11,6 +11,24 @@
 //!   with `execve`: a one-process-per-file script does not pay for
 //!   loading libraries its runs do not use.
 
+/// `eprintln!` that never panics: a standard error nobody reads any more
+/// (a log collector that died, `2>&1 | head -1`) loses the line, and the
+/// run goes on (`eprintln!` would end it with a panic, exit 101).
+macro_rules! stderr_line {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
+/// `eprint!` that never panics (see [`stderr_line!`]).
+macro_rules! stderr_text {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod args;
 mod atomic;
 mod batch;
@@ -62,7 +80,7 @@ pub fn main_full() -> ! {
             // (exit 2): those are printed whole.
             if !e.use_stderr() {
                 if let Err(err) = stdout::ensure_open() {
-                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+                    stderr_line!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 // Help that cannot be written (a full device) is an error.
@@ -77,7 +95,7 @@ pub fn main_full() -> ! {
                     if stdout::is_broken_pipe(&err) {
                         stdout::end_by_sigpipe();
                     }
-                    eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+                    stderr_line!("{} {}", ui::colour::error(), ui::one_line(&err));
                     std::process::exit(exit::OTHER);
                 }
                 std::process::exit(exit::OK);
@@ -85,7 +103,7 @@ pub fn main_full() -> ! {
             if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
                 let _ = e.print();
             } else {
-                eprintln!("{}", ui::colour::error_line(&args::usage_error_line(&e)));
+                stderr_line!("{}", ui::colour::error_line(&args::usage_error_line(&e)));
             }
             std::process::exit(exit::USAGE);
         }
@@ -134,7 +152,7 @@ fn code_of(result: anyhow::Result<i32>) -> i32 {
         Ok(code) => code,
         Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),
         Err(err) => {
-            eprintln!("{} {}", ui::colour::error(), ui::one_line(&err));
+            stderr_line!("{} {}", ui::colour::error(), ui::one_line(&err));
             exit::code_for(&err)
         }
     }

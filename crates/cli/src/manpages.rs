@@ -26,12 +26,12 @@ pub fn from_args(args: &[OsString]) -> Option<i32> {
         [dir] if !dir.is_empty() => match run(Path::new(dir)) {
             Ok(code) => code,
             Err(err) => {
-                eprintln!("error: {}", crate::ui::one_line(&err));
+                stderr_line!("error: {}", crate::ui::one_line(&err));
                 exit::code_for(&err)
             }
         },
         _ => {
-            eprintln!("error: usage: tpmcrypt man-pages DIR (one directory)");
+            stderr_line!("error: usage: tpmcrypt man-pages DIR (one directory)");
             exit::USAGE
         }
     };

@@ -86,7 +86,7 @@ impl PinChain {
     pub fn ask(&self, name: &str, prompt: &str) -> tpmcrypt_tpmkey::Result<Pin> {
         let pin = self.find(name, prompt)?;
         if self.verbose {
-            eprintln!("tpmcrypt: the PIN for key {name} comes from {}", pin.origin);
+            stderr_line!("tpmcrypt: the PIN for key {name} comes from {}", pin.origin);
         }
         Ok(pin)
     }

@@ -70,7 +70,7 @@ pub fn access(ui: &Ui) -> anyhow::Result<Arc<TpmAccess>> {
     Ok(TpmAccess::with_notice(
         target(ui)?,
         Some(Box::new(|dir| {
-            eprintln!(
+            stderr_line!(
                 "tpmcrypt: using a software TPM (swtpm, state in {}): NOT secure, for trying the tool only",
                 dir.display()
             )

@@ -28,7 +28,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<i32> {
         let client = AgentClient::connect(&path)?
             .ok_or_else(|| anyhow::anyhow!("no agent is running at {}", path.display()))?;
         client.stop()?;
-        eprintln!("agent stopped");
+        stderr_line!("agent stopped");
         return Ok(crate::ui::exit::OK);
     }
     let ttl = crate::args::value::ttl(&args.ttl).map_err(crate::ui::exit::usage)?;
@@ -91,7 +91,7 @@ fn warn_not_using(e: &tpmcrypt_tpmkey::Error) {
 
 /// The warning that the agent is not used, for the reason `why`.
 pub(crate) fn say_not_using(why: &str) {
-    eprintln!(
+    stderr_line!(
         "{} not using the agent: {}",
         crate::ui::colour::warning(),
         crate::ui::printable(why)

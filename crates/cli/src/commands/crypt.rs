@@ -107,7 +107,7 @@ fn run_options(
 /// failing by itself (counted as a failure of the run).
 pub(crate) fn report_skipped(plan: &files::Plan, ui: &Ui) {
     for (first, again) in &plan.same {
-        eprintln!(
+        stderr_line!(
             "tpmcrypt: {} and {} are the same file: done once",
             crate::ui::shown(first),
             crate::ui::shown(again)
@@ -115,11 +115,11 @@ pub(crate) fn report_skipped(plan: &files::Plan, ui: &Ui) {
     }
     if ui.verbose {
         for s in &plan.skipped {
-            eprintln!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
+            stderr_line!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
         }
     }
     for (path, why) in &plan.failed {
-        eprintln!(
+        stderr_line!(
             "{} {}: {}",
             crate::ui::colour::error(),
             crate::ui::shown(path),
@@ -241,7 +241,7 @@ fn finish(
     }
     if ui.verbose {
         for s in &summary.skipped {
-            eprintln!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
+            stderr_line!("tpmcrypt: skipped {}: {}", crate::ui::shown(&s.path), s.why);
         }
         let mut line = format!(
             "tpmcrypt: {verb} {} file(s), {} bytes",
@@ -255,7 +255,7 @@ fn finish(
         if let Some((n, tpm)) = unwraps {
             line.push_str(&format!(", {n} session key unwrap(s), {tpm} TPM unbind(s)"));
         }
-        eprintln!("{line}");
+        stderr_line!("{line}");
         let secs = wall.total.as_secs_f64();
         let mut split = format!(
             "tpmcrypt: {secs:.3} s ({:.0} files/s, {:.1} MB/s); committing (sync, rename, remove originals) {:.3} s",
@@ -266,9 +266,9 @@ fn finish(
         if let Some(tpm) = timing.tpm {
             split.push_str(&format!("; TPM {:.1} ms", tpm.as_secs_f64() * 1e3));
         }
-        eprintln!("{split}");
-        eprintln!("{}", wall.line());
-        eprintln!("{}", engine_line(&timing.engine));
+        stderr_line!("{split}");
+        stderr_line!("{}", wall.line());
+        stderr_line!("{}", engine_line(&timing.engine));
     }
     Ok(summary.first_code.unwrap_or(crate::ui::exit::OK))
 }
@@ -371,7 +371,7 @@ pub(crate) fn encrypt_to(
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
     if ui.verbose {
-        eprintln!("tpmcrypt: encrypted in {}", source.describe());
+        stderr_line!("tpmcrypt: encrypted in {}", source.describe());
     }
     finish(
         summary,
@@ -482,11 +482,11 @@ pub(crate) fn decrypt_with(
     let files_wall = start.elapsed() - setup;
     let summary = with_walk_failures(summary, &plan);
     if ui.verbose && access.is_open() {
-        eprintln!("tpmcrypt: TPM {}", access.describe());
+        stderr_line!("tpmcrypt: TPM {}", access.describe());
     }
     if ui.verbose {
         for used in access.signed_policies_used() {
-            eprintln!("tpmcrypt: the TPM key was used under its {used}");
+            stderr_line!("tpmcrypt: the TPM key was used under its {used}");
         }
     }
     finish(

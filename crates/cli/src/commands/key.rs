@@ -227,7 +227,7 @@ fn import_has_pin(
 }
 
 fn confirm(prompt: &str) -> anyhow::Result<bool> {
-    eprint!("{prompt}");
+    stderr_text!("{prompt}");
     std::io::stderr().flush()?;
     let mut answer = String::new();
     std::io::stdin().read_line(&mut answer)?;
@@ -269,7 +269,7 @@ fn import(
     crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
     for other in store.list()?.iter().filter(|n| **n != name) {
         if describe(store, other).is_ok_and(|k| k.fingerprint == fp) {
-            eprintln!(
+            stderr_line!(
                 "{} key {other} is the same TPM key (fingerprint {fp}); one key \
                  under two names shares one PIN",
                 crate::ui::colour::warning()
@@ -329,7 +329,7 @@ fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
         ),
         yes,
     )? {
-        eprintln!("not deleted");
+        stderr_line!("not deleted");
         return Ok(crate::ui::exit::OTHER);
     }
     store.delete(name)?;
@@ -379,7 +379,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
             name = args.name
         );
         if !confirm_destroy(&what, args.yes)? {
-            eprintln!("key {} kept", args.name);
+            stderr_line!("key {} kept", args.name);
             return Ok(crate::ui::exit::OTHER);
         }
     }
@@ -436,7 +436,7 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         store.pub_path(&args.name).display()
     ))?;
     if meta.recovery.is_empty() {
-        eprintln!(
+        stderr_line!(
             "hint: without --recovery, files for this key die with this TPM; see README (Recovery)"
         );
     }
@@ -479,7 +479,7 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
     for name in store.list()? {
         match describe(store, &name) {
             Ok(info) => infos.push(info),
-            Err(e) => eprintln!(
+            Err(e) => stderr_line!(
                 "{} key {name} skipped: {}",
                 crate::ui::colour::warning(),
                 crate::ui::printable(&format!("{e:#}"))
@@ -489,7 +489,7 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
     if json {
         crate::ui::stdout::line(&serde_json::to_string_pretty(&infos)?)?;
     } else if infos.is_empty() {
-        eprintln!("no keys in {}", store.dir().display());
+        stderr_line!("no keys in {}", store.dir().display());
     } else {
         crate::ui::stdout::line(&format!(
             "{:<20} {:<9} {:<32} {:<12} {:<4} RECOVERY",

@@ -149,7 +149,7 @@ fn sign(args: &SignArgs, ui: &Ui) -> anyhow::Result<i32> {
     let policy = signer.sign(&sel, &values)?;
     write_public(&args.out, policy.to_pem()?.as_bytes())?;
     for (i, v) in sel.indices().iter().zip(&values) {
-        eprintln!("tpmcrypt: PCR {i}: {}", hex::encode(v));
+        stderr_line!("tpmcrypt: PCR {i}: {}", hex::encode(v));
     }
     crate::ui::stdout::line(&format!(
         "signed a policy for {sel} into {}",
@@ -388,7 +388,7 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
         if new {
             added += 1;
         } else {
-            eprintln!(
+            stderr_line!(
                 "tpmcrypt: {}: key {name} holds this policy already",
                 crate::ui::shown(file)
             );

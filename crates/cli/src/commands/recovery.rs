@@ -62,7 +62,7 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
             crate::ui::printable(&out.display().to_string())
         );
         if !crate::commands::key::confirm_destroy(&what, yes)? {
-            eprintln!("{} kept", out.display());
+            stderr_line!("{} kept", out.display());
             return Ok(crate::ui::exit::OTHER);
         }
     }

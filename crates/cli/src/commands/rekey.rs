@@ -239,7 +239,7 @@ fn targets(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<Targets> {
     for name in &args.keys {
         for r in keys::key_recipients(ui, name)? {
             if is_dropped(r.as_ref()) {
-                eprintln!(
+                stderr_line!(
                     "tpmcrypt: warning: key {name} still adds the dropped recovery recipient {} \
                      to what is encrypted for it (recreate or re-import it with another --recovery)",
                     hex::encode(r.fingerprint())
@@ -423,7 +423,7 @@ pub fn run(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<i32> {
     }
     if ui.verbose {
         let sessions = rekeyer.sessions.lock().map(|s| s.len()).unwrap_or(0);
-        eprintln!(
+        stderr_line!(
             "tpmcrypt: rekeyed {} file(s), {} bytes, {} skipped, {} failed, {} session key unwrap(s), {} TPM unbind(s), {} new session(s), {:.3} s",
             summary.ok,
             summary.bytes,

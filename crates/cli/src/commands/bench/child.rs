@@ -87,7 +87,7 @@ pub fn run(plan_json: &str) -> anyhow::Result<i32> {
         min_sample_ms: p.min_sample_ms,
     };
     let src = bulk::random_source()?;
-    let mut tick = |msg: &str| eprintln!("@tick {msg}");
+    let mut tick = |msg: &str| stderr_line!("@tick {msg}");
     let mut series = Vec::new();
     for (b, mode) in bulk::software_pairs() {
         let [e, d] = bulk::run_pair(&plan, &src, &b, mode, SOFTWARE, &mut tick)?;

@@ -122,7 +122,7 @@ static TEXT_ON_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 macro_rules! say {
     ($($t:tt)*) => {
         if TEXT_ON_STDERR.load(std::sync::atomic::Ordering::Relaxed) {
-            eprintln!($($t)*)
+            stderr_line!($($t)*)
         } else {
             println!($($t)*)
         }
@@ -423,7 +423,7 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
         .with_context(|| parent.display().to_string())?;
     let result = run_in(args, scratch.path());
     if args.keep {
-        eprintln!("scratch directory kept: {}", scratch.keep().display());
+        stderr_line!("scratch directory kept: {}", scratch.keep().display());
     }
     result
 }

@@ -173,7 +173,7 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     results.duration_s = started.elapsed().as_secs_f64();
     let json = serde_json::to_string_pretty(&results)? + "\n";
     if args.json {
-        eprint!("{}", results.table());
+        stderr_text!("{}", results.table());
         crate::ui::stdout::write_all(json.as_bytes())?;
     } else {
         crate::ui::stdout::write_all(results.table().as_bytes())?;
