@@ -55,7 +55,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt}
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use zeroize::Zeroize;
 
@@ -394,11 +394,48 @@ impl AgentClient {
     }
 }
 
+/// A moment on the clock that counts the time the machine is suspended
+/// (`CLOCK_BOOTTIME`): a TTL is wall time a key is held, and must not be
+/// stretched by a laptop's sleep, as on `CLOCK_MONOTONIC` (behind
+/// `std::time::Instant`), which stops while the machine is suspended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct BootTime(Duration);
+
+impl BootTime {
+    fn now() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill; CLOCK_BOOTTIME exists on every
+        // Linux this runs on (2.6.39 and later).
+        unsafe {
+            libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+        }
+        BootTime(Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        ))
+    }
+
+    fn checked_add(self, d: Duration) -> Option<Self> {
+        self.0.checked_add(d).map(BootTime)
+    }
+
+    fn saturating_add(self, d: Duration) -> Self {
+        BootTime(self.0.saturating_add(d))
+    }
+
+    fn saturating_duration_since(self, earlier: BootTime) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
 /// An encryption session the agent hands to `encrypt` invocations.
 struct SharedSession {
     secret: SessionKey,
     header: Vec<u8>,
-    expires: Instant,
+    expires: BootTime,
     uses: u64,
 }
 
@@ -407,7 +444,7 @@ pub struct Agent {
     listener: UnixListener,
     path: PathBuf,
     ttl: Duration,
-    secrets: HashMap<SecretId, (SessionKey, Instant)>,
+    secrets: HashMap<SecretId, (SessionKey, BootTime)>,
     sessions: HashMap<SecretId, SharedSession>,
     /// (device, inode) of the socket as bound: only that file is removed
     /// on exit, whatever the path has come to name since. None for a
@@ -506,7 +543,7 @@ impl Agent {
     /// connects: no polling interval adds to its round trip.
     fn wait_for_client(&self) {
         use std::os::fd::AsRawFd;
-        let now = Instant::now();
+        let now = BootTime::now();
         let next_expiry = self
             .secrets
             .values()
@@ -541,7 +578,7 @@ impl Agent {
     }
 
     fn expire(&mut self) {
-        let now = Instant::now();
+        let now = BootTime::now();
         self.secrets.retain(|_, (_, expires)| *expires > now);
         self.sessions.retain(|_, s| s.expires > now);
     }
@@ -667,10 +704,10 @@ fn read_request(stream: &mut UnixStream, head: &mut [u8]) -> io::Result<(usize, 
 impl Agent {
     /// When a secret put now expires: after the TTL, or (a TTL beyond the
     /// clock's range) as late as the clock allows.
-    fn expiry(&self) -> Instant {
-        let now = Instant::now();
+    fn expiry(&self) -> BootTime {
+        let now = BootTime::now();
         now.checked_add(self.ttl)
-            .unwrap_or_else(|| now + Duration::from_secs(366 * 24 * 3600))
+            .unwrap_or_else(|| now.saturating_add(Duration::from_secs(366 * 24 * 3600)))
     }
 
     /// SESSION_GET: the session of `scope`, counted as one more use; one
@@ -713,6 +750,31 @@ impl Drop for Agent {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// The TTL's clock counts suspended time: it is never behind the
+    /// monotonic clock (which stops during a suspend) and runs with it.
+    #[test]
+    fn the_ttl_clock_counts_suspended_time() {
+        let mono = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: a valid timespec to fill.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        };
+        let (m0, b0) = (mono(), BootTime::now());
+        assert!(b0.0 >= m0, "boot time {:?} behind monotonic {m0:?}", b0.0);
+        std::thread::sleep(Duration::from_millis(50));
+        let (m1, b1) = (mono(), BootTime::now());
+        let (dm, db) = (m1 - m0, b1.saturating_duration_since(b0));
+        assert!(db >= Duration::from_millis(50), "{db:?}");
+        assert!(
+            db.abs_diff(dm) < Duration::from_millis(20),
+            "{db:?} against {dm:?}"
+        );
+    }
 
     #[test]
     fn put_get_expire_stop() {
