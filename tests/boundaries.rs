@@ -166,6 +166,67 @@ fn start_agent(d: &Path, sock: &Path) -> std::process::Child {
     agent
 }
 
+/// `encrypt` runs started at the same moment, none finding a session in
+/// the agent, all end up in one: the agent keeps the first session handed
+/// to it and gives it to the others in answer, instead of letting each
+/// replace the one before (the build before: 2 or 3 sessions of 32 runs,
+/// so that decrypting them cost as many TPM unbinds).
+#[test]
+fn encrypt_runs_started_together_share_one_session() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let sock = d.join("agent.sock");
+    // Stopped however the test ends (a failed assertion included).
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut agent = Stop(start_agent(d, &sock));
+    const N: usize = 32;
+    for round in 0..3 {
+        let children: Vec<_> = (0..N)
+            .map(|i| {
+                let name = format!("f{round}-{i}");
+                fs::write(d.join(&name), bytes(100 + i, i as u64)).unwrap();
+                tpmcrypt(d)
+                    .env("TPMCRYPT_AGENT_SOCK", &sock)
+                    .args(["encrypt", "-R", &rec, &name])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("encrypt")
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+        let ids: std::collections::BTreeSet<String> = (0..N)
+            .map(|i| {
+                let r = common::run(d, &["inspect", "--json", &format!("f{round}-{i}.tpmc")]);
+                assert_ok(&r, "inspect");
+                let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+                v["session_id"].to_string()
+            })
+            .collect();
+        assert_eq!(
+            ids.len(),
+            1,
+            "round {round}: {N} runs in {} sessions",
+            ids.len()
+        );
+        // The next round starts without a session.
+        drop(agent);
+        let _ = fs::remove_file(&sock);
+        agent = Stop(start_agent(d, &sock));
+    }
+    drop(agent);
+}
+
 /// A file encrypted to a fresh recovery identity `rec.key` in `d`.
 fn encrypted_file(d: &Path) -> PathBuf {
     let rec = recovery(d, "rec.key");

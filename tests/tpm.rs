@@ -1809,7 +1809,7 @@ fn a_decrypt_asks_the_agent_once_for_its_key() {
 
 /// `encrypt` asks the agent for its current session without a PING first:
 /// the first run of a scope connects twice (SESSION_GET finds none, then
-/// SESSION_PUT of its new session), the next one once (it joins); and the
+/// SESSION_OFFER of its new session), the next one once (it joins); and the
 /// files of both decrypt with one unwrap.
 #[test]
 fn an_encrypt_asks_the_agent_once_for_its_session() {
@@ -1822,7 +1822,7 @@ fn an_encrypt_asks_the_agent_once_for_its_session() {
     let (first, _) = agent_connects(d, &["encrypt", "-R", &r, "a"]);
     assert_eq!(
         first, 2,
-        "connections of the first encrypt (SESSION_GET, SESSION_PUT)"
+        "connections of the first encrypt (SESSION_GET, SESSION_OFFER)"
     );
     let (next, _) = agent_connects(d, &["encrypt", "-R", &r, "b"]);
     assert_eq!(

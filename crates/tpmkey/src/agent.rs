@@ -39,8 +39,12 @@
 //! file, and decrypting its files would cost one unwrap (one TPM operation)
 //! each. With an agent running, `encrypt` asks it for the current session of
 //! its *scope* (a hash of the recipients and parameters): the session key
-//! and the header that wraps it (SESSION_GET), and hands a new session over
-//! when there is none (SESSION_PUT). A session is handed out for at most
+//! and the header that wraps it (SESSION_GET), and offers a new session
+//! when there is none (SESSION_OFFER): the agent keeps it unless another
+//! `encrypt` offered one first, and then answers with that one, which the
+//! run uses instead, so runs started together share one session.
+//! SESSION_PUT replaces the session of a scope whatever it holds (a run
+//! given a session that does not check out). A session is handed out for at most
 //! [`MAX_SESSION_USES`] invocations and for the agent's TTL after it was
 //! made; then the next `encrypt` starts a new one. Session keys stay in the
 //! agent's locked memory only, and the same socket rules apply.
@@ -72,6 +76,7 @@ const OP_STOP: u8 = 3;
 const OP_PING: u8 = 4;
 const OP_SESSION_GET: u8 = 5;
 const OP_SESSION_PUT: u8 = 6;
+const OP_SESSION_OFFER: u8 = 7;
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest session header the agent keeps (real ones are well under 4 KiB).
 pub const MAX_SESSION_HEADER: usize = 64 << 10;
@@ -385,6 +390,41 @@ impl AgentClient {
         }
     }
 
+    /// Offers the agent a new encryption session for `scope`: `None` if it
+    /// keeps it, or the session it already holds for `scope` (offered by
+    /// another run meanwhile), for the caller to use instead.
+    pub fn session_offer(
+        &self,
+        scope: &SecretId,
+        secret: &[u8; 32],
+        header: &[u8],
+    ) -> io::Result<Option<(SessionKey, Vec<u8>)>> {
+        if header.is_empty() || header.len() > MAX_SESSION_HEADER {
+            return Err(io::Error::other("session header too large for the agent"));
+        }
+        let mut req = Vec::with_capacity(66 + header.len());
+        req.extend_from_slice(&[VERSION, OP_SESSION_OFFER]);
+        req.extend_from_slice(scope);
+        req.extend_from_slice(secret);
+        req.extend_from_slice(header);
+        let result = self.call(&req, 1 + 32 + MAX_SESSION_HEADER);
+        req.zeroize();
+        let mut r = result?;
+        let out = match r.as_slice() {
+            [0] => Ok(None),
+            [3, rest @ ..] if rest.len() > 32 => {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(&rest[..32]);
+                let secret = SessionKey::from_bytes(&key);
+                key.zeroize();
+                Ok(Some((secret, rest[32..].to_vec())))
+            }
+            _ => Err(io::Error::other("the agent refused the session")),
+        };
+        r.zeroize();
+        out
+    }
+
     /// Asks the agent to wipe everything and exit.
     pub fn stop(&self) -> io::Result<()> {
         match self.call(&[VERSION, OP_STOP], 1)?.as_slice() {
@@ -613,7 +653,11 @@ impl Agent {
     fn respond(&mut self, req: &[u8], header: Vec<u8>) -> (Vec<u8>, bool) {
         let mut stop = false;
         let response: Vec<u8> = match req {
-            _ if !header.is_empty() && !matches!(req, [VERSION, OP_SESSION_PUT, ..]) => vec![2],
+            _ if !header.is_empty()
+                && !matches!(req, [VERSION, OP_SESSION_PUT | OP_SESSION_OFFER, ..]) =>
+            {
+                vec![2]
+            }
             [VERSION, OP_GET, id @ ..] if id.len() == 32 => {
                 let mut key = [0u8; 32];
                 key.copy_from_slice(id);
@@ -642,9 +686,18 @@ impl Agent {
                 vec![0]
             }
             [VERSION, OP_SESSION_GET, scope @ ..] if scope.len() == 32 => self.session_get(scope),
-            [VERSION, OP_SESSION_PUT, rest @ ..]
+            [VERSION, op @ (OP_SESSION_PUT | OP_SESSION_OFFER), rest @ ..]
                 if rest.len() == 64 && !header.is_empty() && header.len() <= MAX_SESSION_HEADER =>
             {
+                if *op == OP_SESSION_OFFER {
+                    // One offered first, still live: that one, to the caller.
+                    if let [0, held @ ..] = self.session_get(&rest[..32]).as_slice() {
+                        let mut r = Vec::with_capacity(1 + held.len());
+                        r.push(3);
+                        r.extend_from_slice(held);
+                        return (r, false);
+                    }
+                }
                 let mut scope = [0u8; 32];
                 scope.copy_from_slice(&rest[..32]);
                 let mut key = [0u8; 32];
@@ -840,6 +893,28 @@ mod tests {
         assert!(client
             .session_put(&scope, &[5u8; 32], &vec![0; MAX_SESSION_HEADER + 1])
             .is_err());
+        // An offer where a session is held gets that session back and
+        // changes nothing; one for a scope without a session is kept.
+        let (key, h) = client
+            .session_offer(&scope, &[6u8; 32], &[0xCD; 10])
+            .unwrap()
+            .expect("the held session");
+        assert_eq!((key.expose(), &h), (&[5u8; 32], &header));
+        let (key, _) = client.session_get(&scope).unwrap().unwrap();
+        assert_eq!(key.expose(), &[5u8; 32], "the offer replaced nothing");
+        let other = [9u8; 32];
+        assert!(client
+            .session_offer(&other, &[7u8; 32], &[0xEF; 10])
+            .unwrap()
+            .is_none());
+        let (key, h) = client.session_get(&other).unwrap().unwrap();
+        assert_eq!((key.expose(), h.as_slice()), (&[7u8; 32], &[0xEF; 10][..]));
+        // SESSION_PUT still replaces.
+        client.session_put(&other, &[8u8; 32], &[1; 10]).unwrap();
+        assert_eq!(
+            client.session_get(&other).unwrap().unwrap().0.expose(),
+            &[8u8; 32]
+        );
         std::thread::sleep(Duration::from_millis(900));
         assert!(client.session_get(&scope).unwrap().is_none(), "expired");
         stop.store(true, Ordering::Relaxed);

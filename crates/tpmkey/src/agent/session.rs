@@ -133,6 +133,7 @@ pub fn encryptor(
         return own();
     };
     let scope = session_scope(recipients, &params);
+    let mut replace = false;
     match client.session_get(&scope) {
         Ok(Some((key, header))) => {
             // A session that does not check out (other recipients, a header
@@ -141,6 +142,7 @@ pub fn encryptor(
             if let Ok(e) = Encryptor::resume(&header, key, params, recipients) {
                 return Ok((e, SessionSource::Joined));
             }
+            replace = true;
         }
         Ok(None) => {}
         // No agent answers there (or another user's, or a silent one): a
@@ -153,10 +155,22 @@ pub fn encryptor(
         }
     }
     let encryptor = Encryptor::new(recipients, params)?;
-    let source =
-        match client.session_put(&scope, encryptor.session_key().expose(), encryptor.header()) {
+    let (key, header) = (encryptor.session_key().expose(), encryptor.header());
+    if replace {
+        let source = match client.session_put(&scope, key, header) {
             Ok(()) => SessionSource::Started,
             Err(_) => SessionSource::Own,
         };
-    Ok((encryptor, source))
+        return Ok((encryptor, source));
+    }
+    // Offered, not put: a run that offered one first, between our
+    // SESSION_GET and now, keeps its session, and this run joins it.
+    match client.session_offer(&scope, key, header) {
+        Ok(None) => Ok((encryptor, SessionSource::Started)),
+        Ok(Some((key, header))) => match Encryptor::resume(&header, key, params, recipients) {
+            Ok(e) => Ok((e, SessionSource::Joined)),
+            Err(_) => Ok((encryptor, SessionSource::Own)),
+        },
+        Err(_) => Ok((encryptor, SessionSource::Own)),
+    }
 }
