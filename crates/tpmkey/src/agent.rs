@@ -738,6 +738,10 @@ const REQUEST_HEAD: usize = 2 + 32 + 32;
 /// move of an array leaves one on the stack, so a session key would
 /// outlive its expiry. Returns the length of the fixed part read.
 fn read_request(stream: &mut UnixStream, head: &mut [u8]) -> io::Result<(usize, Vec<u8>)> {
+    let mut stream = WithDeadline {
+        stream,
+        until: std::time::Instant::now() + REQUEST_DEADLINE,
+    };
     let mut len = 0;
     while len < head.len() {
         match stream.read(&mut head[len..]) {
@@ -752,6 +756,32 @@ fn read_request(stream: &mut UnixStream, head: &mut [u8]) -> io::Result<(usize, 
         .take(MAX_SESSION_HEADER as u64 + 1)
         .read_to_end(&mut header)?;
     Ok((len, header))
+}
+
+/// The time a client has to send its whole request (a real one sends it
+/// at once). The agent serves one connection at a time, so a client that
+/// trickles its request, a byte before each read times out, must not hold
+/// it: the others would wait, keys would outlive their TTL, and a SIGTERM
+/// would wait with them.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(1);
+
+/// A stream whose reads together end at `until`.
+struct WithDeadline<'a> {
+    stream: &'a mut UnixStream,
+    until: std::time::Instant,
+}
+
+impl Read for WithDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
 }
 
 impl Agent {
@@ -918,6 +948,42 @@ mod tests {
         std::thread::sleep(Duration::from_millis(900));
         assert!(client.session_get(&scope).unwrap().is_none(), "expired");
         stop.store(true, Ordering::Relaxed);
+        server.join().unwrap().unwrap();
+    }
+
+    /// A client that trickles its request (a byte every 300 ms) holds the
+    /// agent for at most the request deadline: another client is served
+    /// meanwhile (on the build before, it timed out).
+    #[test]
+    fn a_client_trickling_its_request_does_not_hold_the_agent() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let server = std::thread::spawn(move || agent.serve(&flag));
+        let slow_path = path.clone();
+        let slow = std::thread::spawn(move || {
+            let mut s = UnixStream::connect(&slow_path).unwrap();
+            for _ in 0..20 {
+                if s.write_all(&[VERSION]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let start = std::time::Instant::now();
+        let client = AgentClient::connect(&path).unwrap().unwrap();
+        assert_eq!(client.ping().unwrap(), 0);
+        assert!(
+            start.elapsed() < Duration::from_millis(1900),
+            "{:?}",
+            start.elapsed()
+        );
+        stop.store(true, Ordering::Relaxed);
+        slow.join().unwrap();
         server.join().unwrap().unwrap();
     }
 
