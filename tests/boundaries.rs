@@ -227,6 +227,58 @@ fn encrypt_runs_started_together_share_one_session() {
     drop(agent);
 }
 
+/// An agent that runs out of file descriptors for a while (its accept
+/// fails with EMFILE) waits and goes on serving once it has them again;
+/// meanwhile encrypt runs go on without it. The build before exited
+/// (status 1), and nothing started it again outside systemd.
+#[test]
+fn an_agent_out_of_descriptors_for_a_while_goes_on() {
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    let sock = d.join("agent.sock");
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut agent = Stop(start_agent(d, &sock));
+    let pid = agent.0.id();
+    let prlimit = |limit: &str| {
+        let out = Command::new("prlimit")
+            .args(["--pid", &pid.to_string(), &format!("--nofile={limit}:")])
+            .output()
+            .expect("prlimit");
+        assert!(out.status.success(), "{out:?}");
+    };
+    // The lowest free descriptor as the soft limit (the hard one stays):
+    // the next accept fails.
+    let free = (0..)
+        .find(|fd| !Path::new(&format!("/proc/{pid}/fd/{fd}")).exists())
+        .unwrap();
+    prlimit(&free.to_string());
+    let encrypt = |name: &str| {
+        fs::write(d.join(name), b"data").unwrap();
+        let out = tpmcrypt(d)
+            .env("TPMCRYPT_AGENT_SOCK", &sock)
+            .args(["-v", "encrypt", "-R", &rec, name])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let first = encrypt("a");
+    assert!(first.contains("a session of its own"), "{first}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(agent.0.try_wait().unwrap().is_none(), "the agent exited");
+    prlimit("1024");
+    let second = encrypt("b");
+    assert!(second.contains("shared through the agent"), "{second}");
+    assert!(agent.0.try_wait().unwrap().is_none(), "the agent exited");
+}
+
 /// A file encrypted to a fresh recovery identity `rec.key` in `d`.
 fn encrypted_file(d: &Path) -> PathBuf {
     let rec = recovery(d, "rec.key");

@@ -571,6 +571,10 @@ impl Agent {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_for_client(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Out of descriptors or memory for a while, or a client
+                // gone before it was accepted: wait a little and go on
+                // (outside systemd, nothing would start the agent again).
+                Err(e) if is_transient(&e) => std::thread::sleep(Duration::from_millis(100)),
                 Err(e) => return Err(io_err(&self.path, e)),
             }
         }
@@ -723,6 +727,21 @@ impl Agent {
         };
         (response, stop)
     }
+}
+
+/// Whether an `accept` error passes by itself.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EPROTO
+        )
+    )
 }
 
 /// Length of the fixed part of the longest request (SESSION_PUT):
