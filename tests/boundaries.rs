@@ -399,6 +399,26 @@ fn the_tmp_fallback_squatted_by_another_user_gets_nothing() {
         &["tpmcrypt-0", "owned by uid 65534"],
         "agent in a squatted directory",
     );
+
+    // Only the outer directory squatted: the agent refuses before it
+    // creates anything in it, and says whose it is (the build before made
+    // its own tpmcrypt/ inside the other user's directory, then refused;
+    // with that directory swapped for a symlink at the right moment, it
+    // made one wherever the symlink pointed).
+    fs::remove_dir_all(&base).unwrap();
+    their_dir(&base, 0o777);
+    let r: Run = cmd.output().expect("spawn").into();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["tpmcrypt-0", "owned by uid 65534"],
+        "agent under a squatted directory",
+    );
+    assert!(
+        !base.join("tpmcrypt").exists(),
+        "the agent created a directory inside another user's"
+    );
 }
 
 #[test]

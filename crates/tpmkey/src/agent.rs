@@ -495,6 +495,46 @@ pub struct Agent {
     request: Box<[u8]>,
 }
 
+/// Creates what is missing of `dir`, each directory 0700: nothing is
+/// created under a path another user could redirect. The deepest part
+/// that exists must be a directory the caller may create in (its owner
+/// the caller or root, not writable by others unless sticky, and the same
+/// above it); then each missing directory is made alone and checked (the
+/// caller's, private, not a symlink another user swapped in) before the
+/// next is made inside it.
+fn create_private_dirs(dir: &Path) -> Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while fs::symlink_metadata(at).is_err() {
+        missing.push(at);
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => {
+                at = Path::new(".");
+                break;
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    trust::check_dir_to_create_in(at)?;
+    for d in missing.into_iter().rev() {
+        match fs::DirBuilder::new().mode(0o700).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(d, e)),
+        }
+        trust::check_private_dir(d, "the agent's socket directory")?;
+    }
+    Ok(())
+}
+
 /// A zeroed heap buffer of `len` bytes, locked in memory where the process
 /// is allowed to (best effort: it is wiped after each use either way).
 fn locked_buffer(len: usize) -> Box<[u8]> {
@@ -516,16 +556,7 @@ impl Agent {
         // every peer's uid is checked. The umask is left alone: changing it
         // would race with other threads creating files.
         let dir = socket_dir(path);
-        // Nothing is created under a path another user could redirect.
-        trust::check_ancestors(dir).or_else(|e| match e {
-            Error::Io { .. } => Ok(()),
-            other => Err(other),
-        })?;
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| io_err(dir, e))?;
+        create_private_dirs(dir)?;
         // A directory that existed already may be another user's.
         trust::check_private_dir(dir, "the agent's socket directory")?;
         if fs::symlink_metadata(path).is_ok() {

@@ -115,30 +115,44 @@ fn check_symlinks_on_the_way(path: &Path) -> Result<()> {
 pub fn check_ancestors(path: &Path) -> Result<()> {
     check_symlinks_on_the_way(path)?;
     let canonical = fs::canonicalize(absolute(path)?).map_err(|e| Error::io(path, e))?;
-    let me = euid();
     for dir in canonical.ancestors().skip(1) {
-        let meta = fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
-        if meta.uid() != me && meta.uid() != 0 {
-            return Err(untrusted(
-                dir,
-                format!(
-                    "this directory above {} is owned by uid {}, neither you nor root",
-                    path.display(),
-                    meta.uid()
-                ),
-            ));
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & GROUP_OTHER_WRITE != 0 && mode & STICKY == 0 {
-            return Err(untrusted(
-                dir,
-                format!(
-                    "this directory above {} is writable by other users (mode {:04o}) and not sticky",
-                    path.display(),
-                    mode
-                ),
-            ));
-        }
+        check_above(dir, path)?;
+    }
+    Ok(())
+}
+
+/// As [`check_ancestors`], and `dir` itself by the same rule: a directory
+/// in which something of the caller's may be created (its owner the caller
+/// or root; not writable by others unless sticky).
+pub fn check_dir_to_create_in(dir: &Path) -> Result<()> {
+    check_ancestors(dir)?;
+    let canonical = fs::canonicalize(absolute(dir)?).map_err(|e| Error::io(dir, e))?;
+    check_above(&canonical, &dir.join("…"))
+}
+
+/// The rule for a directory `dir` above `path`.
+fn check_above(dir: &Path, path: &Path) -> Result<()> {
+    let meta = fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if meta.uid() != euid() && meta.uid() != 0 {
+        return Err(untrusted(
+            dir,
+            format!(
+                "this directory above {} is owned by uid {}, neither you nor root",
+                path.display(),
+                meta.uid()
+            ),
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_WRITE != 0 && mode & STICKY == 0 {
+        return Err(untrusted(
+            dir,
+            format!(
+                "this directory above {} is writable by other users (mode {:04o}) and not sticky",
+                path.display(),
+                mode
+            ),
+        ));
     }
     Ok(())
 }
