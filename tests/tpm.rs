@@ -452,6 +452,19 @@ fn one_tpm_unbind_per_session_and_the_agent() {
             assert_summary(&r, 1, 0, 0, &format!("decrypt {i} with the agent"));
         }
     }
+    // Deleting a key while the agent holds session keys says that they
+    // may still open its files until they expire (the build before said
+    // nothing, and they did).
+    create_key(d, &t, "spare", "ecc-p256", &[], false);
+    let r = plain(d, &["key", "delete", "spare", "--yes"]);
+    assert_ok(&r, "key delete");
+    assert!(
+        r.stderr
+            .contains("the running agent still holds session keys")
+            && r.stderr.contains("agent --stop"),
+        "{}",
+        r.stderr
+    );
     let r = plain(d, &["agent", "--stop"]);
     assert_ok(&r, "agent --stop");
     assert!(
