@@ -150,6 +150,17 @@ impl Drop for Squatter {
     }
 }
 
+/// An agent process, killed however the test ends (a failed assertion
+/// included).
+struct Stop(std::process::Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `tpmcrypt agent` with its socket at `sock` and waits for it.
 fn start_agent(d: &Path, sock: &Path) -> std::process::Child {
     let agent = tpmcrypt(d)
@@ -177,14 +188,6 @@ fn encrypt_runs_started_together_share_one_session() {
     let d = dir.path();
     let rec = recovery(d, "rec.key");
     let sock = d.join("agent.sock");
-    // Stopped however the test ends (a failed assertion included).
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut agent = Stop(start_agent(d, &sock));
     const N: usize = 32;
     for round in 0..3 {
@@ -237,13 +240,6 @@ fn an_agent_out_of_descriptors_for_a_while_goes_on() {
     let d = dir.path();
     let rec = recovery(d, "rec.key");
     let sock = d.join("agent.sock");
-    struct Stop(std::process::Child);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut agent = Stop(start_agent(d, &sock));
     let pid = agent.0.id();
     let prlimit = |limit: &str| {

@@ -884,6 +884,17 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// An agent bound at `path`, serving on a thread until the flag is set.
+    fn serving(
+        path: &Path,
+        ttl: Duration,
+    ) -> (Arc<AtomicBool>, std::thread::JoinHandle<Result<()>>) {
+        let agent = Agent::bind(path, ttl).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        (stop, std::thread::spawn(move || agent.serve(&flag)))
+    }
+
     /// The TTL's clock counts suspended time: it is never behind the
     /// monotonic clock (which stops during a suspend) and runs with it.
     #[test]
@@ -951,10 +962,7 @@ mod tests {
     fn encryption_sessions_are_shared_until_they_expire() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let agent = Agent::bind(&path, Duration::from_millis(700)).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let server = std::thread::spawn(move || agent.serve(&flag));
+        let (stop, server) = serving(&path, Duration::from_millis(700));
         let client = AgentClient::connect(&path).unwrap().unwrap();
         let scope = [3u8; 32];
         assert!(client.session_get(&scope).unwrap().is_none());
@@ -1009,10 +1017,7 @@ mod tests {
         use std::io::Write as _;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let server = std::thread::spawn(move || agent.serve(&flag));
+        let (stop, server) = serving(&path, Duration::from_secs(60));
         let slow_path = path.clone();
         let slow = std::thread::spawn(move || {
             let mut s = UnixStream::connect(&slow_path).unwrap();
@@ -1041,10 +1046,7 @@ mod tests {
     fn sigterm_flag_stops_and_wipes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let server = std::thread::spawn(move || agent.serve(&flag));
+        let (stop, server) = serving(&path, Duration::from_secs(60));
         let client = AgentClient::connect(&path).unwrap().unwrap();
         client.put(&[1; 32], &[2; 32]).unwrap();
         stop.store(true, Ordering::Relaxed);
@@ -1056,10 +1058,7 @@ mod tests {
     fn malformed_requests_get_an_error_byte() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.sock");
-        let agent = Agent::bind(&path, Duration::from_secs(60)).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let server = std::thread::spawn(move || agent.serve(&flag));
+        let (stop, server) = serving(&path, Duration::from_secs(60));
         for req in [
             &[][..],
             &[1][..],
