@@ -350,21 +350,12 @@ impl AgentClient {
         req.extend_from_slice(scope);
         let mut r = self.call(&req, 1 + 32 + MAX_SESSION_HEADER)?;
         let out = match r.as_slice() {
-            [0, rest @ ..] if rest.len() > 32 => {
-                let mut key = [0u8; 32];
-                key.copy_from_slice(&rest[..32]);
-                let secret = SessionKey::from_bytes(&key);
-                key.zeroize();
-                Some((secret, rest[32..].to_vec()))
-            }
-            [1] => None,
-            _ => {
-                r.zeroize();
-                return Err(io::Error::other("bad agent response"));
-            }
+            [0, held @ ..] if held.len() > 32 => Ok(Some(held_session(held))),
+            [1] => Ok(None),
+            _ => Err(io::Error::other("bad agent response")),
         };
         r.zeroize();
-        Ok(out)
+        out
     }
 
     /// Hands the agent a new encryption session for `scope`.
@@ -374,17 +365,10 @@ impl AgentClient {
         secret: &[u8; 32],
         header: &[u8],
     ) -> io::Result<()> {
-        if header.is_empty() || header.len() > MAX_SESSION_HEADER {
-            return Err(io::Error::other("session header too large for the agent"));
-        }
-        let mut req = Vec::with_capacity(66 + header.len());
-        req.extend_from_slice(&[VERSION, OP_SESSION_PUT]);
-        req.extend_from_slice(scope);
-        req.extend_from_slice(secret);
-        req.extend_from_slice(header);
-        let result = self.call(&req, 1);
-        req.zeroize();
-        match result?.as_slice() {
+        match self
+            .hand_session(OP_SESSION_PUT, scope, secret, header, 1)?
+            .as_slice()
+        {
             [0] => Ok(()),
             _ => Err(io::Error::other("the agent refused the session")),
         }
@@ -399,30 +383,38 @@ impl AgentClient {
         secret: &[u8; 32],
         header: &[u8],
     ) -> io::Result<Option<(SessionKey, Vec<u8>)>> {
-        if header.is_empty() || header.len() > MAX_SESSION_HEADER {
-            return Err(io::Error::other("session header too large for the agent"));
-        }
-        let mut req = Vec::with_capacity(66 + header.len());
-        req.extend_from_slice(&[VERSION, OP_SESSION_OFFER]);
-        req.extend_from_slice(scope);
-        req.extend_from_slice(secret);
-        req.extend_from_slice(header);
-        let result = self.call(&req, 1 + 32 + MAX_SESSION_HEADER);
-        req.zeroize();
-        let mut r = result?;
+        let max = 1 + 32 + MAX_SESSION_HEADER;
+        let mut r = self.hand_session(OP_SESSION_OFFER, scope, secret, header, max)?;
         let out = match r.as_slice() {
             [0] => Ok(None),
-            [3, rest @ ..] if rest.len() > 32 => {
-                let mut key = [0u8; 32];
-                key.copy_from_slice(&rest[..32]);
-                let secret = SessionKey::from_bytes(&key);
-                key.zeroize();
-                Ok(Some((secret, rest[32..].to_vec())))
-            }
+            [3, held @ ..] if held.len() > 32 => Ok(Some(held_session(held))),
             _ => Err(io::Error::other("the agent refused the session")),
         };
         r.zeroize();
         out
+    }
+
+    /// SESSION_PUT or SESSION_OFFER (`op`) of a session for `scope`: the
+    /// agent's answer, of at most `max` bytes.
+    fn hand_session(
+        &self,
+        op: u8,
+        scope: &SecretId,
+        secret: &[u8; 32],
+        header: &[u8],
+        max: usize,
+    ) -> io::Result<Vec<u8>> {
+        if header.is_empty() || header.len() > MAX_SESSION_HEADER {
+            return Err(io::Error::other("session header too large for the agent"));
+        }
+        let mut req = Vec::with_capacity(66 + header.len());
+        req.extend_from_slice(&[VERSION, op]);
+        req.extend_from_slice(scope);
+        req.extend_from_slice(secret);
+        req.extend_from_slice(header);
+        let result = self.call(&req, max);
+        req.zeroize();
+        result
     }
 
     /// Asks the agent to wipe everything and exit.
@@ -432,6 +424,16 @@ impl AgentClient {
             _ => Err(io::Error::other("the agent did not accept STOP")),
         }
     }
+}
+
+/// A session as the agent sends it (more than 32 bytes): its key, then the
+/// header that wraps it.
+fn held_session(held: &[u8]) -> (SessionKey, Vec<u8>) {
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&held[..32]);
+    let secret = SessionKey::from_bytes(&key);
+    key.zeroize();
+    (secret, held[32..].to_vec())
 }
 
 /// A moment on the clock that counts the time the machine is suspended
@@ -725,12 +727,13 @@ impl Agent {
                 if rest.len() == 64 && !header.is_empty() && header.len() <= MAX_SESSION_HEADER =>
             {
                 if *op == OP_SESSION_OFFER {
-                    // One offered first, still live: that one, to the caller.
-                    if let [0, held @ ..] = self.session_get(&rest[..32]).as_slice() {
-                        let mut r = Vec::with_capacity(1 + held.len());
-                        r.push(3);
-                        r.extend_from_slice(held);
-                        return (r, false);
+                    // One offered first, still live: that one, to the
+                    // caller (SESSION_GET's answer retagged in place, so
+                    // that no copy of its key is left unwiped).
+                    let mut held = self.session_get(&rest[..32]);
+                    if held.first() == Some(&0) {
+                        held[0] = 3;
+                        return (held, false);
                     }
                 }
                 let mut scope = [0u8; 32];
