@@ -88,19 +88,12 @@ impl RecoveryKey {
             .ok_or_else(|| {
                 Error::InvalidIdentity("the PRIVATE KEY block has no END line".into())
             })?;
-        let after = text[block_end..]
-            .lines()
-            .skip(1)
-            .map(str::trim)
-            .find(|l| !l.is_empty() && !l.starts_with('#'));
-        if after.is_some()
-            || !text[block_end..]
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .is_empty()
-        {
+        // The rest of the END line, then whole lines.
+        let only_comments = text[block_end..].lines().enumerate().all(|(i, l)| {
+            let l = l.trim();
+            l.is_empty() || (i > 0 && l.starts_with('#'))
+        });
+        if !only_comments {
             return Err(Error::InvalidIdentity(
                 "text after the PRIVATE KEY block (only # comment lines may follow it)".into(),
             ));

@@ -113,21 +113,25 @@ fn check_symlinks_on_the_way(path: &Path) -> Result<()> {
 /// owned by the caller or root, and not writable by group or others unless
 /// sticky.
 pub fn check_ancestors(path: &Path) -> Result<()> {
-    check_symlinks_on_the_way(path)?;
-    let canonical = fs::canonicalize(absolute(path)?).map_err(|e| Error::io(path, e))?;
-    for dir in canonical.ancestors().skip(1) {
-        check_above(dir, path)?;
-    }
-    Ok(())
+    check_chain(path, 1, path)
 }
 
 /// As [`check_ancestors`], and `dir` itself by the same rule: a directory
 /// in which something of the caller's may be created (its owner the caller
 /// or root; not writable by others unless sticky).
 pub fn check_dir_to_create_in(dir: &Path) -> Result<()> {
-    check_ancestors(dir)?;
-    let canonical = fs::canonicalize(absolute(dir)?).map_err(|e| Error::io(dir, e))?;
-    check_above(&canonical, &dir.join("…"))
+    check_chain(dir, 0, &dir.join("…"))
+}
+
+/// The rule of [`check_above`] for every directory of `path`, once
+/// resolved, but the last `skip`; messages name `shown`.
+fn check_chain(path: &Path, skip: usize, shown: &Path) -> Result<()> {
+    check_symlinks_on_the_way(path)?;
+    let canonical = fs::canonicalize(absolute(path)?).map_err(|e| Error::io(path, e))?;
+    for dir in canonical.ancestors().skip(skip) {
+        check_above(dir, shown)?;
+    }
+    Ok(())
 }
 
 /// The rule for a directory `dir` above `path`.

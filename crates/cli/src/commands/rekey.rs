@@ -139,11 +139,11 @@ impl Targets {
         let own = header
             .stanzas
             .iter()
-            .filter(|_| self.keep)
             .filter(|s| {
-                s.kind == kind::RECOVERY_P256
-                    || (s.kind == kind::TPM_P256
-                        && s.fingerprint().is_some_and(|f| known(f).is_some()))
+                self.keep
+                    && (s.kind == kind::RECOVERY_P256
+                        || (s.kind == kind::TPM_P256
+                            && s.fingerprint().is_some_and(|f| known(f).is_some())))
             })
             .filter_map(Stanza::fingerprint);
         for fp in own {
