@@ -174,7 +174,24 @@ fn served_runs_start_nothing_and_others_start_tpmcrypt_full_once() {
     };
     assert_eq!(calls.len(), expect, "--bits 192 executed: {calls:?}");
 
+    // A recipients file of recovery recipients is served; one with a PEM
+    // key (OpenSSL reads those) or on standard input is handed over.
+    fs::write(d.join("list"), format!("# team\n{r}\n\n")).unwrap();
+    fs::write(d.join("with-pem"), format!("{r}\n{}", p256_pem())).unwrap();
+    let (calls, run) = executed(
+        d,
+        &[],
+        &["encrypt", "--no-sync", "-R", "list", "-o", "l", "f"],
+    );
+    assert_ok(&run, "encrypt -R list");
+    assert_eq!(calls.len(), 1, "encrypt -R FILE executed: {calls:?}");
+    let back = common::run(d, &["decrypt", "-i", "id", "-o", "l.out", "l"]);
+    assert_ok(&back, "decrypt of -R list");
+    assert_eq!(fs::read(d.join("l.out")).unwrap(), bytes(20_000, 1));
+
     for args in [
+        &["encrypt", "-R", "with-pem", "-o", "p", "f"][..],
+        &["encrypt", "-R", "-", "-o", "s", "f"],
         &["--version"][..],
         &["key", "list"],
         &["encrypt", "--mode", "cbc", "-R", &r, "-o", "c", "f"],
@@ -203,6 +220,10 @@ fn every_run_says_what_tpmcrypt_full_says() {
     fs::write(d.join("f"), bytes(5_000, 2)).unwrap();
     fs::write(d.join("notes.txt"), "not a tpmcrypt file\n").unwrap();
     fs::write(d.join("list"), format!("# recipients\n{r}\n")).unwrap();
+    fs::write(d.join("with-pem"), format!("{r}\n{}", p256_pem())).unwrap();
+    fs::write(d.join("bad-line"), format!("{r}\nsomething else\n")).unwrap();
+    fs::write(d.join("only-comments"), "# none yet\n\n").unwrap();
+    fs::write(d.join("bad-point"), "tpmcrypt-recovery:AAAA\n").unwrap();
     assert_ok(
         &run(d, &["encrypt", "-R", &r, "-o", "f.tpmc", "f"]),
         "encrypt",
@@ -250,8 +271,14 @@ fn every_run_says_what_tpmcrypt_full_says() {
             "f",
         ],
         vec!["encrypt", "--bits", "192", "-R", &r, "-o", "OUT", "f"],
-        // Handed over at once.
         vec!["encrypt", "-R", "list", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", "list", "-R", &r, "-o", "OUT", "f"],
+        // Handed over at once.
+        vec!["encrypt", "-R", "with-pem", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", "bad-line", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", "only-comments", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", "bad-point", "-o", "OUT", "f"],
+        vec!["encrypt", "-R", ".", "-o", "OUT", "f"],
         vec!["encrypt", "-o", "OUT", "f"],
         vec!["encrypt", "--no-such-flag"],
         vec!["decrypt", "--help"],
@@ -292,6 +319,39 @@ fn every_run_says_what_tpmcrypt_full_says() {
         let r = common::run_with_stdout_closed(d, args);
         common::assert_error_line(&r, 1, None, &["standard output is closed"], args);
     }
+}
+
+/// A P-256 public key in PEM, as a TPM key's public half is written.
+fn p256_pem() -> String {
+    let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+    let key = openssl::ec::EcKey::generate(&group).unwrap();
+    String::from_utf8(key.public_key_to_pem().unwrap()).unwrap()
+}
+
+/// The front reads a recipients file only if it is a regular file: a
+/// FIFO given as `-R` is left to tpmcrypt-full, which gets all it holds
+/// (the front neither blocks on it nor reads any of it).
+#[test]
+fn a_recipients_fifo_is_left_for_tpmcrypt_full() {
+    let dir = scratch();
+    let d = dir.path();
+    let r = recovery(d, "id");
+    fs::write(d.join("f"), bytes(3_000, 4)).unwrap();
+    let fifo = d.join("rfifo");
+    let status = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(status.success());
+    let writer = {
+        let fifo = fifo.clone();
+        let line = format!("# from a pipe\n{r}\n");
+        std::thread::spawn(move || fs::write(fifo, line))
+    };
+    let (calls, run) = executed(d, &[], &["encrypt", "-R", "rfifo", "-o", "g", "f"]);
+    writer.join().unwrap().expect("write the FIFO");
+    assert_ok(&run, "encrypt -R FIFO");
+    assert_eq!(calls.len(), 2, "handed over: {calls:?}");
+    let back = common::run(d, &["decrypt", "-i", "id", "-o", "g.out", "g"]);
+    assert_ok(&back, "decrypt");
+    assert_eq!(fs::read(d.join("g.out")).unwrap(), bytes(3_000, 4));
 }
 
 /// Without tpmcrypt-full the front still serves what it serves, and a run

@@ -60,6 +60,16 @@ fn refuse(line: usize, why: impl Into<String>) -> LineError {
 /// Parses a whole recipients file. An empty list (only comments and blank
 /// lines) is not an error here: the caller decides.
 pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LineError> {
+    parse_with(data, pem_entry)
+}
+
+/// As [`parse`], with `pem` reading each PEM block (its lines from BEGIN to
+/// END). A caller that cannot read PEM keys refuses them there, without
+/// the code that reads them.
+pub fn parse_with(
+    data: &[u8],
+    pem: impl Fn(&[u8]) -> crate::error::Result<Box<dyn Recipient>>,
+) -> Result<Vec<Entry>, LineError> {
     let lines = split_lines(data);
     let mut entries = Vec::new();
     let mut i = 0;
@@ -78,7 +88,7 @@ pub fn parse(data: &[u8]) -> Result<Vec<Entry>, LineError> {
             let block = &data[start..end_start + end_raw.len()];
             entries.push(Entry {
                 line,
-                recipient: pem_entry(block).map_err(|error| LineError { line, error })?,
+                recipient: pem(block).map_err(|error| LineError { line, error })?,
                 recovery: None,
             });
             i = end + 1;

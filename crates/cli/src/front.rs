@@ -11,14 +11,17 @@
 //! Served here, through the very code `tpmcrypt-full` runs
 //! ([`crate::commands::crypt`]):
 //! * `encrypt` to recovery recipients given as strings (`-R
-//!   tpmcrypt-recovery:…`) and to the keystore's P-256 keys (`-k`), in
+//!   tpmcrypt-recovery:…`) or in a recipients file (`-R FILE`, a regular
+//!   file of such lines and comments; a PEM key in it hands the run
+//!   over) and to the keystore's P-256 keys (`-k`), in
 //!   AES-GCM with 128- or 256-bit keys (192 too where AWS-LC's 512-bit
 //!   path is its default), any inputs. Encrypting never needs the TPM;
 //! * `decrypt` of one named file that a `-i` identity opens (in memory:
 //!   the agent is not asked) or whose session key the agent holds, checked
 //!   before anything is written.
 //!
-//! Everything else, and anything in doubt (a recipients file, an RSA key, CBC,
+//! Everything else, and anything in doubt (a recipients file with a PEM key
+//! or on standard input, an RSA key, CBC,
 //! `--backend openssl`, a PIN file or keystore that would earn a warning,
 //! a file the agent and `-i` cannot open (an agent socket refused counts
 //! as no agent; the socket is looked at only when the agent is asked), a
@@ -145,21 +148,66 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
     if openssl_would_serve(&params) {
         return None;
     }
-    let mut recipients = args
-        .recipients
-        .iter()
-        .map(|r| {
-            let s = r
-                .to_str()
-                .filter(|s| s.starts_with(recovery::RECIPIENT_PREFIX))?;
-            let r: Box<dyn Recipient> = Box::new(recovery::parse_recipient(s).ok()?);
-            Some(r)
-        })
-        .collect::<Option<Vec<_>>>()?;
+    let mut recipients = Vec::new();
+    for value in &args.recipients {
+        match value
+            .to_str()
+            .filter(|s| s.starts_with(recovery::RECIPIENT_PREFIX))
+        {
+            Some(s) => recipients.push(Box::new(recovery::parse_recipient(s).ok()?) as _),
+            None => recipients.extend(recovery_recipients_file(value)?),
+        }
+    }
     for name in &args.keys {
         recipients.extend(key_recipients(ui, name)?);
     }
     Some(crypt::encrypt_to(args, ui, start, params, &recipients))
+}
+
+/// The recipients of `-R FILE` when FILE is a regular file that lists
+/// recovery recipients only (and comments and blank lines), as
+/// [`crate::keys::read_recipients`] reads them. None for anything else,
+/// which tpmcrypt-full then reads and says: a PEM public key (OpenSSL reads
+/// those), a line that does not parse, a file without a recipient, one too
+/// large, standard input, or what is not a regular file (never read here:
+/// a FIFO would block, or give tpmcrypt-full less than it held).
+fn recovery_recipients_file(value: &std::ffi::OsStr) -> Option<Vec<Box<dyn Recipient>>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+
+    use crate::keys::MAX_RECIPIENTS_FILE;
+
+    if crate::keys::is_stdin(value) || !std::fs::metadata(value).ok()?.is_file() {
+        return None;
+    }
+    // Not blocking in open(2) if a FIFO was put in its place meanwhile,
+    // and not read then either.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(value)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_RECIPIENTS_FILE {
+        return None;
+    }
+    let mut data = Vec::new();
+    file.take(MAX_RECIPIENTS_FILE + 1)
+        .read_to_end(&mut data)
+        .ok()?;
+    if data.len() as u64 > MAX_RECIPIENTS_FILE {
+        return None;
+    }
+    let no_pem = |_: &[u8]| {
+        Err(tpmcrypt_cipher::Error::InvalidRecipient(
+            "read by tpmcrypt-full".into(),
+        ))
+    };
+    let entries = tpmcrypt_cipher::recipients_file::parse_with(&data, no_pem).ok()?;
+    if entries.is_empty() {
+        return None;
+    }
+    Some(entries.into_iter().map(|e| e.recipient).collect())
 }
 
 /// The recipients of keystore key `name` (`-k`), if it is a P-256 key

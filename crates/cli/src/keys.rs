@@ -14,7 +14,7 @@ use crate::ui::exit::usage;
 
 /// Largest recipients file read: a list of recipients is a few KiB, and a
 /// device such as /dev/zero must not be read forever.
-const MAX_RECIPIENTS_FILE: u64 = 1 << 20;
+pub(crate) const MAX_RECIPIENTS_FILE: u64 = 1 << 20;
 
 /// One recipient named on the command line.
 pub struct Given {
