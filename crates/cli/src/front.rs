@@ -173,24 +173,13 @@ fn encrypt(args: &EncryptArgs, ui: &Ui) -> Option<anyhow::Result<i32>> {
 /// a FIFO would block, or give tpmcrypt-full less than it held).
 fn recovery_recipients_file(value: &std::ffi::OsStr) -> Option<Vec<Box<dyn Recipient>>> {
     use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
 
     use crate::keys::MAX_RECIPIENTS_FILE;
 
-    if crate::keys::is_stdin(value) || !std::fs::metadata(value).ok()?.is_file() {
+    if crate::keys::is_stdin(value) {
         return None;
     }
-    // Not blocking in open(2) if a FIFO was put in its place meanwhile,
-    // and not read then either.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(value)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX_RECIPIENTS_FILE {
-        return None;
-    }
+    let file = open_regular(Path::new(value))?;
     let mut data = Vec::new();
     file.take(MAX_RECIPIENTS_FILE + 1)
         .read_to_end(&mut data)
