@@ -683,6 +683,25 @@ fn destroying_a_private_key_needs_confirmation_everywhere() {
         "no temporary left: {:?}",
         common::listing(d)
     );
+
+    // `--out -` reads as standard output, as `-o -` does for encrypt and
+    // decrypt: a secret key is not printed, nor hidden in a file named
+    // `-`. Refused, with the way to name such a file.
+    let r = common::run(d, &["recovery", "create", "--out", "-"]);
+    common::assert_error_line(
+        &r,
+        2,
+        None,
+        &["--out -", "secret", "./-"],
+        "recovery create --out -",
+    );
+    assert!(r.stdout.is_empty(), "nothing printed: {:?}", r.stdout);
+    assert!(!d.join("-").exists(), "no file named -");
+    assert_ok(
+        &common::run(d, &["recovery", "create", "--out", "./-"]),
+        "recovery create --out ./-",
+    );
+    assert_eq!(common::mode_of(&d.join("-")), 0o600);
 }
 
 // ------------------------------------------------ the keystore is the user's

@@ -46,6 +46,14 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
 }
 
 fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
+    // `-` is standard output everywhere else (`-o -`); a secret key is not
+    // printed, and a file named `-` is not what was meant.
+    if out.as_os_str() == "-" {
+        return Err(crate::ui::exit::usage(
+            "--out -: a recovery identity is a secret key and is written only to a file of its \
+             own (mode 0600), never to standard output (for a file named -, give ./-)",
+        ));
+    }
     // The recipient is printed: no key is made that nobody would see.
     crate::ui::stdout::ensure_open()?;
     let exists = fs::symlink_metadata(out).is_ok();
