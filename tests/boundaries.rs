@@ -1630,3 +1630,71 @@ fn a_drop_box_run_completes_where_its_parent_can_be_synced() {
     );
     assert_eq!(fs::read(d.join("p/box/g")).unwrap(), b"other");
 }
+
+/// A relative `XDG_DATA_HOME` or `XDG_RUNTIME_DIR` is ignored, as the XDG
+/// Base Directory specification asks (and so is a relative `TMPDIR` for
+/// the agent's socket): before, each working directory got a keystore and
+/// an agent socket of its own (`rel/tpmcrypt` made wherever the command
+/// ran), and a key created in one directory was missing in the next.
+#[test]
+fn relative_xdg_directories_are_ignored() {
+    let dir = scratch();
+    let d = dir.path();
+    let home = d.join("home");
+    let work = d.join("work");
+    fs::create_dir_all(&home).unwrap();
+    fs::create_dir_all(&work).unwrap();
+    let tmp = d.join("tmp");
+    fs::create_dir_all(&tmp).unwrap();
+    let run = |env: &[(&str, &str)], args: &[&str]| {
+        let mut cmd = common::tpmcrypt(&work);
+        cmd.env("HOME", &home)
+            .env_remove("TPMCRYPT_HOME")
+            .env_remove("TPMCRYPT_AGENT_SOCK")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("TMPDIR", &tmp);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        common::Run::from(cmd.args(args).output().expect("run"))
+    };
+    let r = run(&[("XDG_DATA_HOME", "rel")], &["key", "list"]);
+    assert_ok(&r, "key list");
+    assert!(
+        !work.join("rel").exists(),
+        "a keystore made in the working directory"
+    );
+    assert!(
+        home.join(".local/share/tpmcrypt").is_dir(),
+        "the default keystore"
+    );
+    let uid = unsafe { libc::geteuid() };
+    for (env, socket) in [
+        (
+            vec![("XDG_RUNTIME_DIR", "relrun")],
+            tmp.join(format!("tpmcrypt-{uid}/tpmcrypt/agent.sock")),
+        ),
+        (
+            vec![("XDG_RUNTIME_DIR", "relrun"), ("TMPDIR", "reltmp")],
+            PathBuf::from(format!("/tmp/tpmcrypt-{uid}/tpmcrypt/agent.sock")),
+        ),
+    ] {
+        let r = run(&env, &["agent", "--stop"]);
+        common::assert_error_line(
+            &r,
+            1,
+            None,
+            &[&format!("no agent is running at {}", socket.display())],
+            "agent --stop",
+        );
+    }
+    // An absolute one is used, as before.
+    let xdg = d.join("xdg-data");
+    let r = run(
+        &[("XDG_DATA_HOME", xdg.to_str().unwrap())],
+        &["key", "list"],
+    );
+    assert_ok(&r, "key list");
+    assert!(xdg.join("tpmcrypt").is_dir());
+}

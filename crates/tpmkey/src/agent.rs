@@ -89,7 +89,8 @@ pub type SecretId = [u8; 32];
 
 /// The default socket path: `TPMCRYPT_AGENT_SOCK`, else
 /// `$XDG_RUNTIME_DIR/tpmcrypt/agent.sock`, else (cron, ssh sessions without
-/// a runtime directory) `${TMPDIR:-/tmp}/tpmcrypt-UID/tpmcrypt/agent.sock`,
+/// a runtime directory) `${TMPDIR:-/tmp}/tpmcrypt-UID/tpmcrypt/agent.sock`
+/// (a relative `XDG_RUNTIME_DIR` or `TMPDIR` counts as unset),
 /// a place another user can reach first: hence [`AgentClient::connect`]'s
 /// checks.
 pub fn socket_path() -> PathBuf {
@@ -97,12 +98,10 @@ pub fn socket_path() -> PathBuf {
     if let Some(p) = non_empty(ENV_SOCK) {
         return PathBuf::from(p);
     }
-    let base = non_empty("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let tmp = non_empty("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
-            tmp.join(format!("tpmcrypt-{}", trust::euid()))
-        });
+    let base = trust::env_dir("XDG_RUNTIME_DIR").unwrap_or_else(|| {
+        let tmp = trust::env_dir("TMPDIR").unwrap_or_else(|| PathBuf::from("/tmp"));
+        tmp.join(format!("tpmcrypt-{}", trust::euid()))
+    });
     base.join("tpmcrypt").join("agent.sock")
 }
 

@@ -110,14 +110,15 @@ pub fn validate_name(name: &str) -> Result<()> {
 
 impl Keystore {
     /// The default location: `$TPMCRYPT_HOME`, else
-    /// `$XDG_DATA_HOME/tpmcrypt`, else `~/.local/share/tpmcrypt`.
+    /// `$XDG_DATA_HOME/tpmcrypt` (if absolute), else
+    /// `~/.local/share/tpmcrypt`.
     pub fn default_dir() -> Result<PathBuf> {
         let non_empty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
         if let Some(d) = non_empty(ENV_HOME) {
             return Ok(PathBuf::from(d));
         }
-        if let Some(d) = non_empty("XDG_DATA_HOME") {
-            return Ok(PathBuf::from(d).join("tpmcrypt"));
+        if let Some(d) = crate::trust::env_dir("XDG_DATA_HOME") {
+            return Ok(d.join("tpmcrypt"));
         }
         if let Some(h) = non_empty("HOME") {
             return Ok(PathBuf::from(h).join(".local/share/tpmcrypt"));

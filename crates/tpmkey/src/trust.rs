@@ -244,6 +244,17 @@ pub fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// The directory an environment variable names, if it is set, not empty
+/// and absolute. The XDG Base Directory specification has a relative
+/// `XDG_DATA_HOME` or `XDG_RUNTIME_DIR` ignored (taken as it is, each
+/// working directory would get a keystore or an agent socket of its own),
+/// and `TMPDIR` is read the same way for the agent's socket.
+pub fn env_dir(var: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os(var)
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
