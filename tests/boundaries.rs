@@ -417,6 +417,63 @@ fn the_tmp_fallback_squatted_by_another_user_gets_nothing() {
     );
 }
 
+/// A user who is not root cannot even look into the 0700 directory
+/// another user made first at `$TMPDIR/tpmcrypt-UID`: the warning of an
+/// `encrypt` and the error of `agent --stop` said only "Permission
+/// denied"; they now name the directory and its owner, as the agent does.
+#[test]
+fn a_squatted_fallback_that_cannot_be_entered_is_named_with_its_owner() {
+    require_root();
+    const VICTIM: u32 = 65533;
+    let dir = scratch();
+    let d = dir.path();
+    common::chmod(d, 0o755);
+    let r = recovery(d, "id");
+    let work = d.join("work");
+    fs::create_dir(&work).unwrap();
+    fs::write(work.join("f"), b"their data").unwrap();
+    chown(&work, VICTIM);
+    chown(&work.join("f"), VICTIM);
+    let tmp = d.join("tmp");
+    fs::create_dir(&tmp).unwrap();
+    common::chmod(&tmp, 0o1777);
+    their_dir(&tmp.join(format!("tpmcrypt-{VICTIM}")), 0o700);
+    let as_victim = |args: &[&str]| -> Run {
+        Command::new("setpriv")
+            .args(["--reuid", "65533", "--regid", "65533", "--clear-groups"])
+            .arg(common::bin())
+            .args(args)
+            .current_dir(&work)
+            .env("HOME", &work)
+            .env("TPMCRYPT_HOME", work.join("home"))
+            .env("TMPDIR", &tmp)
+            .env_remove("TPMCRYPT_AGENT_SOCK")
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .expect("setpriv")
+            .into()
+    };
+    let enc = as_victim(&["encrypt", "-R", &r, "f"]);
+    assert_eq!(enc.code, 0, "{}", enc.stderr);
+    assert!(
+        enc.stderr.contains("not using the agent")
+            && enc.stderr.contains(&format!("tpmcrypt-{VICTIM}"))
+            && enc.stderr.contains("owned by uid 65534")
+            && !enc.stderr.contains("Permission denied"),
+        "{}",
+        enc.stderr
+    );
+    assert!(work.join("f.tpmc").exists());
+    let stop = as_victim(&["agent", "--stop"]);
+    common::assert_error_line(
+        &stop,
+        1,
+        None,
+        &[&format!("tpmcrypt-{VICTIM}"), "owned by uid 65534"],
+        "agent --stop",
+    );
+}
+
 #[test]
 fn a_listener_of_another_uid_behind_our_own_paths_gets_nothing() {
     // Every path checks out (our directory, 0700; a socket file we own), but
