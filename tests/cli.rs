@@ -2795,6 +2795,39 @@ fn an_output_that_is_another_input_is_refused() {
     }
 }
 
+/// `-o IN IN` (however spelled) is refused before anything is written:
+/// `-o a a` replaced the input with its own ciphertext without `--force`,
+/// through a path that did not check the original again, so a version an
+/// editor saved during the run was lost. `--in-place` is the way.
+#[test]
+fn an_output_that_is_its_own_input_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("a"), b"plain a").unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "-o", "x.tpmc", "a"]), "x.tpmc");
+    let ct = fs::read(d.join("x.tpmc")).unwrap();
+    let before = listing(d);
+    for args in [
+        vec!["encrypt", "-R", &r, "-o", "a", "a"],
+        vec!["encrypt", "-R", &r, "-o", "./a", "a"],
+        vec!["encrypt", "-R", &r, "--force", "-o", "./a", "a"],
+        vec!["encrypt", "-R", &r, "--force", "-o", "a", "./a"],
+        vec!["decrypt", "-i", "id", "-o", "x.tpmc", "x.tpmc"],
+        vec!["decrypt", "-i", "id", "-f", "-o", "./x.tpmc", "x.tpmc"],
+    ] {
+        let res = run(d, &args);
+        assert_usage(&res, "output is its own input");
+        assert!(
+            res.stderr.contains("itself") && res.stderr.contains("--in-place"),
+            "{args:?}: {}",
+            res.stderr
+        );
+        assert_eq!(fs::read(d.join("a")).unwrap(), b"plain a", "{args:?}");
+        assert_eq!(fs::read(d.join("x.tpmc")).unwrap(), ct, "{args:?}");
+        assert_eq!(listing(d), before, "{args:?}");
+    }
+}
+
 /// `encrypt --in-place` refuses a file with other hard links (removing one
 /// name would leave the plaintext under the others); `decrypt --in-place`
 /// of a linked ciphertext is fine.

@@ -200,6 +200,9 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             Sink::File(out.clone())
         };
         let (src, walked) = sources.remove(0);
+        if naming != Naming::Rekey {
+            refuse_output_that_is_its_input(&src, out, naming)?;
+        }
         return Ok(Plan {
             tasks: vec![Task {
                 source: Source::File(src),
@@ -402,6 +405,31 @@ struct Walked {
     skipped: Vec<Skipped>,
     failed: Vec<(PathBuf, String)>,
     names: DirNames,
+}
+
+/// Refuses `-o OUT IN` where OUT is IN itself (`-o a a`, `-o ./a a`, a
+/// hard link): written over, the input would be replaced by its own
+/// output, a step only `--in-place` takes with the checks it needs (a
+/// version saved meanwhile is kept). Before, `-o a a` replaced the input
+/// without `--force`, and lost a version an editor saved during the run.
+fn refuse_output_that_is_its_input(src: &Path, out: &Path, naming: Naming) -> anyhow::Result<()> {
+    let id = |m: fs::Metadata| (m.dev(), m.ino());
+    // The output's own name: a symlink there is replaced, not followed.
+    let (Ok(input), Ok(output)) = (fs::metadata(src), fs::symlink_metadata(out)) else {
+        return Ok(());
+    };
+    if id(input) != id(output) {
+        return Ok(());
+    }
+    let what = match naming {
+        Naming::Decrypt => "plaintext",
+        _ => "ciphertext",
+    };
+    Err(usage(format!(
+        "-o {}: that is the input {} itself; to replace a file by its {what}, use --in-place",
+        shown(out),
+        shown(src)
+    )))
 }
 
 /// Refuses a run in which one input's output is another of its inputs
