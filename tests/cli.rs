@@ -2804,7 +2804,10 @@ fn an_output_that_is_its_own_input_is_refused() {
     let (dir, r) = scratch();
     let d = dir.path();
     fs::write(d.join("a"), b"plain a").unwrap();
-    assert_ok(&run(d, &["encrypt", "-R", &r, "-o", "x.tpmc", "a"]), "x.tpmc");
+    assert_ok(
+        &run(d, &["encrypt", "-R", &r, "-o", "x.tpmc", "a"]),
+        "x.tpmc",
+    );
     let ct = fs::read(d.join("x.tpmc")).unwrap();
     let before = listing(d);
     for args in [
@@ -3429,15 +3432,62 @@ fn stats_json_never_replaces_data_or_a_special_file() {
     let v: Value = serde_json::from_str(&res.stderr).expect("JSON on stderr");
     assert_eq!(v["command"], "encrypt");
     // An existing regular file of this user's that is no input or output
-    // is replaced; another user's is not.
-    fs::write(d.join("stats.json"), b"old").unwrap();
+    // is replaced if it is empty (mktemp) or figures of an earlier run;
+    // any other file is not: someone's data, or a file the run reads its
+    // keys, PIN or recipients from (each was replaced by the JSON before).
+    fs::write(d.join("stats.json"), b"").unwrap();
+    for round in 0..2 {
+        let res = run(
+            d,
+            &["encrypt", "-R", &r, "-f", "p", "--stats-json", "stats.json"],
+        );
+        assert_ok(&res, &format!("replacing stats.json, round {round}"));
+        let v: Value = serde_json::from_slice(&fs::read(d.join("stats.json")).unwrap()).unwrap();
+        assert_eq!(v["files_ok"], 1);
+    }
+    fs::write(d.join("notes.txt"), b"old notes").unwrap();
+    fs::write(d.join("pin"), b"1234\n").unwrap();
+    common::chmod(&d.join("pin"), 0o600);
+    fs::write(d.join("recipients"), format!("{r}\n")).unwrap();
+    let id = fs::read(d.join("id")).unwrap();
+    for (args, file) in [
+        (vec!["encrypt", "-R", &r, "-f", "p"], "notes.txt"),
+        (vec!["encrypt", "-R", "recipients", "-f", "p"], "recipients"),
+        (vec!["decrypt", "-i", "id", "-f", "p.tpmc"], "id"),
+        (
+            vec!["--pin-file", "pin", "decrypt", "-i", "id", "-f", "p.tpmc"],
+            "pin",
+        ),
+    ] {
+        let before = fs::read(d.join(file)).unwrap();
+        let mut args = args.clone();
+        args.extend(["--stats-json", file]);
+        let res = run(d, &args);
+        common::assert_error_line(&res, USAGE, None, &["--stats-json", "refusing"], file);
+        assert_eq!(fs::read(d.join(file)).unwrap(), before, "{file} replaced");
+    }
+    assert_eq!(fs::read(d.join("id")).unwrap(), id);
+    // Its directory must exist: checked before any work, like the rest.
+    fs::remove_file(d.join("p.tpmc")).unwrap();
     let res = run(
         d,
-        &["encrypt", "-R", &r, "-f", "p", "--stats-json", "stats.json"],
+        &[
+            "encrypt",
+            "-R",
+            &r,
+            "p",
+            "--stats-json",
+            "no/such/dir/s.json",
+        ],
     );
-    assert_ok(&res, "replacing stats.json");
-    let v: Value = serde_json::from_slice(&fs::read(d.join("stats.json")).unwrap()).unwrap();
-    assert_eq!(v["files_ok"], 1);
+    common::assert_error_line(
+        &res,
+        USAGE,
+        None,
+        &["no/such/dir", "does not exist"],
+        "no dir",
+    );
+    assert!(!d.join("p.tpmc").exists(), "work was done");
     fs::write(d.join("theirs.json"), b"theirs").unwrap();
     std::os::unix::fs::lchown(d.join("theirs.json"), Some(65534), Some(65534)).unwrap();
     let res = run(

@@ -1793,6 +1793,59 @@ fn stats_json_or_log_inside_src_is_refused() {
     assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
 }
 
+/// --stats-json is replaced at every interval, so it must never name what
+/// is not figures: a device (as root, `/dev/null` was replaced by a file),
+/// a symlink, someone's file. Refused at start, with one line; an empty
+/// file and figures of an earlier run are replaced.
+#[test]
+fn stats_json_replaces_only_figures() {
+    let s = Scratch::new();
+    let d = s.path();
+    let c = std::ffi::CString::new(d.join("null").to_str().expect("utf-8")).expect("c");
+    // SAFETY: a valid NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(made, 0, "mknod (needs root, as CI runs the tests)");
+    fs::write(d.join("notes.txt"), b"precious").expect("notes");
+    std::os::unix::fs::symlink("notes.txt", d.join("link.json")).expect("symlink");
+    for (path, why) in [
+        ("null", "a device"),
+        ("notes.txt", "neither empty nor figures"),
+        ("link.json", "a symbolic link"),
+    ] {
+        let r = run(
+            d,
+            &[
+                "watch",
+                "src",
+                "--out",
+                "dest",
+                "-R",
+                &s.recipient,
+                "--stats-json",
+                path,
+            ],
+        );
+        assert_eq!(r.code, 2, "{path}: {}", r.stderr);
+        assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    }
+    let meta = fs::symlink_metadata(d.join("null")).expect("null");
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &meta.file_type()
+    ));
+    assert_eq!(fs::read(d.join("notes.txt")).expect("notes"), b"precious");
+    // Empty, then the figures of the run before: replaced both times
+    // (`start` gives `--stats-json stats.json`).
+    fs::write(d.join("stats.json"), b"").expect("empty");
+    for n in 0..2 {
+        let child = s.start(n, &[], true);
+        assert_eq!(stop(child), 0, "{}", s.log(n));
+        let v: serde_json::Value =
+            serde_json::from_slice(&fs::read(d.join("stats.json")).expect("stats")).expect("json");
+        assert!(v.get("uptime_s").is_some(), "{v}");
+    }
+}
+
 /// The plaintexts of every version of `name` in DEST, concatenated in
 /// version order.
 fn all_versions(got: &HashMap<PathBuf, Vec<u8>>, name: &str) -> Vec<u8> {

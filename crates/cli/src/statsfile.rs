@@ -1,8 +1,10 @@
 //! Where `encrypt`/`decrypt --stats-json` may write. The path is checked
 //! before any work: it must never take the place of the run's data (an
 //! input, an output, a file inside a tree the run walks), and it replaces
-//! only a regular file this user owns (never a device, a FIFO, a socket, a
-//! symlink, a directory or another user's file). `-` and `/dev/stdout`
+//! only a regular file this user owns that is empty or holds figures an
+//! earlier run wrote (never a device, a FIFO, a socket, a symlink, a
+//! directory, another user's file, or any other file: a key, a PIN file,
+//! someone's data); its directory must exist. `-` and `/dev/stdout`
 //! write to standard output (unless it carries the run's data),
 //! `/dev/stderr` to standard error. Documented in docs/bench.md.
 
@@ -50,32 +52,24 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
         return Ok(Target::Stderr);
     }
     if let Ok(m) = fs::symlink_metadata(path) {
-        if let Some(kind) = not_regular(&m) {
-            return Err(refuse(format!(
-                "is {kind}, not a regular file: refusing to replace it"
-            )));
-        }
-        // SAFETY: geteuid cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if m.uid() != me {
-            return Err(refuse(format!(
-                "belongs to another user (uid {}): refusing to replace it",
-                m.uid()
-            )));
-        }
         let same =
             |p: &Path| fs::metadata(p).is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino()));
         for t in &plan.tasks {
             if let Source::File(p) = &t.source {
-                if same(p) {
+                if m.is_file() && same(p) {
                     return Err(refuse(format!("is an input of this run ({})", shown(p))));
                 }
             }
         }
+        if let Some(why) = replace_refusal(path, run_figures) {
+            return Err(refuse(why));
+        }
     }
     let Some(key) = entry_key(path, &mut HashMap::new()) else {
-        // Its directory does not exist: no output can be there.
-        return Ok(Target::File(path.to_path_buf()));
+        return Err(refuse(format!(
+            "its directory {} does not exist or cannot be reached",
+            shown(crate::atomic::parent_dir(path))
+        )));
     };
     let mut dirs = HashMap::new();
     for t in &plan.tasks {
@@ -100,6 +94,64 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
         }
     }
     Ok(Target::File(path.to_path_buf()))
+}
+
+/// Why the file at `path` may not be replaced by figures, or None if it
+/// may (or nothing is there): only a regular file this user owns that is
+/// empty (made by `mktemp` for them) or holds figures written before (as
+/// `earlier` tells) is replaced. Anything else may be a device (as root,
+/// `/dev/null` replaced by a file), someone's data, a key the run reads
+/// (`-i`, a keystore key file, a PIN file) or a recipients file: a hostile
+/// round found each of them replaced by the JSON. Also for `watch
+/// --stats-json`.
+pub fn replace_refusal(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> Option<String> {
+    let m = fs::symlink_metadata(path).ok()?;
+    if let Some(kind) = not_regular(&m) {
+        return Some(format!(
+            "is {kind}, not a regular file: refusing to replace it"
+        ));
+    }
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Some(format!(
+            "belongs to another user (uid {}): refusing to replace it",
+            m.uid()
+        ));
+    }
+    (!holds_figures(path, earlier)).then(|| {
+        "exists and is neither empty nor figures tpmcrypt wrote: refusing to replace it \
+         (remove it, or give another name)"
+            .to_string()
+    })
+}
+
+/// Figures of an `encrypt` or `decrypt` run.
+fn run_figures(v: &serde_json::Value) -> bool {
+    v.get("command").is_some_and(serde_json::Value::is_string) && v.get("files_ok").is_some()
+}
+
+/// Whether the regular file `path` is empty or holds figures `earlier`
+/// recognises.
+fn holds_figures(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> bool {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    const MAX: u64 = 1 << 20;
+    let Ok(file) = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return false;
+    };
+    let mut text = Vec::new();
+    if file.take(MAX + 1).read_to_end(&mut text).is_err() || text.len() as u64 > MAX {
+        return false;
+    }
+    if text.is_empty() {
+        return true;
+    }
+    serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|v| earlier(&v))
 }
 
 /// What a file that is not regular is, for the refusal.

@@ -91,6 +91,13 @@ pub fn prepare(args: &WatchArgs) -> anyhow::Result<Dirs> {
             }
         }
     }
+    // Replaced at every interval: never a device (as root, `/dev/null`
+    // became a file), a key, or anything but figures written before.
+    if let Some(file) = &args.stats_json {
+        if let Some(why) = crate::statsfile::replace_refusal(file, super::stats::watch_figures) {
+            return Err(usage(format!("--stats-json {}: {why}", file.display())));
+        }
+    }
     let dest_created = fs::symlink_metadata(&dest_canon).is_err();
     fs::create_dir_all(&dest_canon).map_err(|e| not_writable(&dest_canon, "DEST", e))?;
     let dest = fs::canonicalize(&dest_canon)?;

@@ -330,11 +330,21 @@ fn summary_metric(out: &mut String, name: &str, help: &str, h: &Histogram) {
 /// Writes the JSON snapshot to `path`, crash-safe (temporary, fsync,
 /// rename).
 pub fn write_json(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
+    // Checked at start (see `setup`); what took its place since, if not a
+    // regular file, is not renamed over.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+        anyhow::bail!("no longer a regular file: not replaced");
+    }
     let mut f = AtomicFile::create(path, 0o644, true)?;
     serde_json::to_writer_pretty(f.file(), snap)?;
     f.file().write_all(b"\n")?;
     f.commit()?;
     Ok(())
+}
+
+/// Figures [`write_json`] wrote.
+pub fn watch_figures(v: &serde_json::Value) -> bool {
+    v.get("uptime_s").is_some() && v.get("latency").is_some()
 }
 
 /// Parses and checks a `--metrics` address: an IP literal on loopback.
