@@ -374,6 +374,66 @@ fn in_place_on_a_symlink_says_symlinks_are_not_followed() {
     assert!(d.join("link.tpmc").exists() && !d.join("l2").exists());
 }
 
+/// `--in-place` on a FIFO, a device or a socket is refused up front, in
+/// one line (exit 2), without opening it. Before, a FIFO was opened (the
+/// run waited for a writer, took its data, then failed with "Illegal
+/// seek"), and a device was encrypted beside itself and left, exit 0.
+#[test]
+fn in_place_on_what_is_not_a_regular_file_is_refused_without_opening_it() {
+    use std::os::unix::fs::FileTypeExt as _;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let c = |p: &str| std::ffi::CString::new(d.join(p).to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated paths.
+    unsafe {
+        assert_eq!(libc::mkfifo(c("fifo").as_ptr(), 0o600), 0);
+        assert_eq!(libc::mkfifo(c("f.tpmc").as_ptr(), 0o600), 0);
+        let dev = libc::S_IFCHR | 0o666;
+        assert_eq!(
+            libc::mknod(c("null").as_ptr(), dev, libc::makedev(1, 3)),
+            0,
+            "mknod (needs root, as CI runs the tests)"
+        );
+    }
+    let _socket = std::os::unix::net::UnixListener::bind(d.join("sock")).unwrap();
+    for args in [
+        vec!["encrypt", "-R", &r, "--in-place", "fifo"],
+        vec!["encrypt", "-R", &r, "--in-place", "null"],
+        vec!["encrypt", "-R", &r, "--in-place", "sock"],
+        vec!["decrypt", "-i", "id", "--in-place", "f.tpmc"],
+    ] {
+        let name = *args.last().unwrap();
+        let mut child = tpmcrypt(d)
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?}: still running after 10 s (waiting on the FIFO)");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let res: Run = child.wait_with_output().unwrap().into();
+        assert_error_line(
+            &res,
+            USAGE,
+            Some(name),
+            &["not a regular file", "--in-place"],
+            name,
+        );
+    }
+    let kind = |p: &str| fs::symlink_metadata(d.join(p)).unwrap().file_type();
+    assert!(kind("fifo").is_fifo() && kind("f.tpmc").is_fifo());
+    assert!(kind("null").is_char_device() && kind("sock").is_socket());
+    let names = raw_listing(d);
+    assert_eq!(names.len(), 5, "nothing written: {names:?}"); // and id
+}
+
 // ------------------------------------------------------ standard output gone
 
 use std::io::Read as _;

@@ -777,6 +777,13 @@ pub struct InputChanged {
 )]
 pub struct InPlaceSymlink;
 
+/// `--in-place` on a FIFO, a device or a socket: there is no file to
+/// replace (a FIFO's data would be taken, then the run failed; a device
+/// was left as it was, with a ciphertext beside it, and no word).
+#[derive(Debug, thiserror::Error)]
+#[error("is not a regular file (a FIFO, a device or a socket): --in-place replaces regular files only (give it without --in-place)")]
+pub struct InPlaceNotRegular;
+
 /// `--in-place` of a file whose owner or group this user may not give to
 /// its output (not root, another user's file): the output would change who
 /// owns the file, so nothing is done.
@@ -1124,8 +1131,15 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     // A walked input is opened with O_NOFOLLOW, which refuses one that
     // became a symlink since the walk; a named one is looked at first, to
     // say why it is refused.
-    if opts.in_place && !task.walked && fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Err(usage(InPlaceSymlink.to_string()));
+    if opts.in_place && !task.walked {
+        let kind = fs::symlink_metadata(path)?.file_type();
+        if kind.is_symlink() {
+            return Err(usage(InPlaceSymlink.to_string()));
+        }
+        // Never opened: a FIFO would wait for a writer and take its data.
+        if !kind.is_file() && !kind.is_dir() {
+            return Err(usage(InPlaceNotRegular.to_string()));
+        }
     }
     // A walked input was a regular file when its directory was read; what
     // is opened is checked below either way.
@@ -1138,6 +1152,9 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     let meta = file.metadata()?;
     if meta.is_dir() {
         return Err(usage("is a directory (use -r to recurse)"));
+    }
+    if opts.in_place && !meta.is_file() {
+        return Err(usage(InPlaceNotRegular.to_string()));
     }
     let check_magic = opts.skip_ciphertext && task.walked && meta.is_file();
     let check_key = opts.in_place && opts.output_kind == Holds::Ciphertext;
@@ -1415,7 +1432,11 @@ fn open_input(path: &Path, in_place: bool, walked: bool) -> anyhow::Result<File>
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = fs::OpenOptions::new();
     options.read(true);
-    if in_place || walked {
+    if in_place {
+        // O_NONBLOCK: a FIFO swapped in after the check is not waited for
+        // (then refused); it changes nothing for a regular file.
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    } else if walked {
         options.custom_flags(libc::O_NOFOLLOW);
     }
     options.open(path).map_err(|e| {
