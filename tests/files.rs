@@ -434,6 +434,101 @@ fn in_place_on_what_is_not_a_regular_file_is_refused_without_opening_it() {
     assert_eq!(names.len(), 5, "nothing written: {names:?}"); // and id
 }
 
+/// In a tree deeper than the system's path limit, a file whose
+/// ciphertext's path would be longer than that limit is not encrypted
+/// (one line), where before its ciphertext was made (through its
+/// directory) and its plaintext removed, and no later run could open it.
+#[test]
+fn a_ciphertext_whose_path_would_be_too_long_is_not_made() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::create_dir(d.join("deep")).unwrap();
+    // 600 levels of `dddddddd`, each with a file `f`, made through
+    // directory descriptors (their paths soon pass the limit).
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    let top = std::ffi::CString::new(d.join("deep").to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated names and descriptors this loop owns.
+    unsafe {
+        let mut fd = libc::open(top.as_ptr(), libc::O_DIRECTORY | libc::O_RDONLY);
+        assert!(fd >= 0);
+        for level in 0..600 {
+            assert_eq!(libc::mkdirat(fd, c("dddddddd").as_ptr(), 0o755), 0);
+            let next = libc::openat(
+                fd,
+                c("dddddddd").as_ptr(),
+                libc::O_DIRECTORY | libc::O_RDONLY,
+            );
+            assert!(next >= 0);
+            libc::close(fd);
+            fd = next;
+            let f = libc::openat(fd, c("f").as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+            assert!(f >= 0);
+            let text = format!("level {level}");
+            assert_eq!(
+                libc::write(f, text.as_ptr().cast(), text.len()),
+                text.len() as isize
+            );
+            libc::close(f);
+        }
+        libc::close(fd);
+    }
+    // `deep` + 454 × `/dddddddd` + `/f` is 4,092 bytes: readable, but its
+    // `.tpmc` would be 4,097.
+    let at = |level: usize, name: &str| {
+        let mut p = String::from("deep");
+        for _ in 0..=level {
+            p.push_str("/dddddddd");
+        }
+        p.push('/');
+        p.push_str(name);
+        p
+    };
+    assert_eq!(at(453, "f").len(), 4092);
+    let res = run(d, &["encrypt", "-R", &r, "-r", "--in-place", "deep"]);
+    assert_eq!(res.code, 1, "{}", res.stderr);
+    assert_eq!(
+        res.stderr.matches("more than the system allows").count(),
+        1,
+        "{}",
+        res.stderr
+    );
+    // Whether `name` is in the directory at `level` (looked up through
+    // descriptors: the paths are too long to name from here).
+    let exists = |level: usize, name: &str| -> bool {
+        // SAFETY: valid NUL-terminated names; every descriptor is closed.
+        unsafe {
+            let mut fd = libc::open(top.as_ptr(), libc::O_DIRECTORY | libc::O_RDONLY);
+            for _ in 0..=level {
+                let next = libc::openat(
+                    fd,
+                    c("dddddddd").as_ptr(),
+                    libc::O_DIRECTORY | libc::O_RDONLY,
+                );
+                libc::close(fd);
+                fd = next;
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            let found =
+                libc::fstatat(fd, c(name).as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0;
+            libc::close(fd);
+            found
+        }
+    };
+    assert!(
+        exists(453, "f") && !exists(453, "f.tpmc"),
+        "the plaintext was removed"
+    );
+    assert!(!exists(452, "f") && exists(452, "f.tpmc"));
+    // Every ciphertext made can be opened again.
+    let back = run(d, &["decrypt", "-i", "id", "-r", "--in-place", "deep"]);
+    assert!(
+        !back.stderr.contains("f.tpmc: File name too long"),
+        "{}",
+        back.stderr
+    );
+    assert!(exists(452, "f") && !exists(452, "f.tpmc"));
+}
+
 // ------------------------------------------------------ standard output gone
 
 use std::io::Read as _;

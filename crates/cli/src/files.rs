@@ -137,6 +137,19 @@ pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
             let mut name = input.as_os_str().to_owned();
             name.push(".");
             name.push(SUFFIX);
+            // Made through its directory, such a ciphertext could be
+            // written, but no run could then open it by its path (a walk
+            // more than about 450 levels deep).
+            let longest = libc::PATH_MAX as usize - 1;
+            if name.len() > longest {
+                return Err(usage(format!(
+                    "{}: its ciphertext's path would be {} bytes, more than the system allows \
+                     ({longest}), and no later run could open it by that path; run from a \
+                     directory nearer to it",
+                    shown(input),
+                    name.len()
+                )));
+            }
             Ok(PathBuf::from(name))
         }
         Naming::Decrypt => {
