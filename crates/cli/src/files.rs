@@ -24,7 +24,8 @@ use crate::ui::{one_line, printable, shown};
 /// outputs go.
 #[derive(Args, Debug, Clone)]
 pub struct FileArgs {
-    /// Output file ("-" for stdout). Only with a single input.
+    /// Output file ("-" for stdout). Only with a single input, and never
+    /// that input itself (to replace a file, use --in-place).
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
 
@@ -34,7 +35,8 @@ pub struct FileArgs {
 
     /// Replace each input with its output: the original is removed only
     /// after the output is fsynced and renamed into place, and only if it
-    /// is still the file that was read (one that changed is kept).
+    /// is still the file that was read (one that changed is kept). Regular
+    /// files only.
     #[arg(long, conflicts_with = "output")]
     pub in_place: bool,
 
@@ -54,7 +56,8 @@ pub struct FileArgs {
     pub jobs: Option<usize>,
 
     /// Write the run's figures (files, bytes, time, files/s, commit time,
-    /// unwraps, TPM unbinds and time) as JSON to FILE.
+    /// unwraps, TPM unbinds and time) as JSON to FILE. An existing FILE is
+    /// replaced only if it is empty or holds figures written before.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
 

@@ -84,7 +84,8 @@ pub struct WatchArgs {
     pub settle: Duration,
 
     /// Write statistics as JSON to FILE (atomically, every --stats-interval
-    /// and at exit).
+    /// and at exit). An existing FILE must be empty or hold figures
+    /// written before.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
 
