@@ -2829,6 +2829,16 @@ fn an_output_that_is_its_own_input_is_refused() {
         assert_eq!(fs::read(d.join("x.tpmc")).unwrap(), ct, "{args:?}");
         assert_eq!(listing(d), before, "{args:?}");
     }
+    // `-o -` is standard output, also for an input named `-`.
+    fs::write(d.join("-"), b"dash").unwrap();
+    let res = run(d, &["encrypt", "-R", &r, "-o", "-", "./-"]);
+    assert_ok(&res, "-o - of ./-");
+    assert!(
+        res.stdout.starts_with(b"\x89TPMC"),
+        "{:?}",
+        &res.stdout[..8]
+    );
+    assert_eq!(fs::read(d.join("-")).unwrap(), b"dash");
 }
 
 /// `encrypt --in-place` refuses a file with other hard links (removing one

@@ -216,7 +216,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
             Sink::File(out.clone())
         };
         let (src, walked) = sources.remove(0);
-        if naming != Naming::Rekey {
+        if naming != Naming::Rekey && sink != Sink::Stdout {
             refuse_output_that_is_its_input(&src, out, naming)?;
         }
         return Ok(Plan {
