@@ -529,6 +529,50 @@ fn a_ciphertext_whose_path_would_be_too_long_is_not_made() {
     assert!(exists(452, "f") && !exists(452, "f.tpmc"));
 }
 
+/// A file the walk found, replaced by a FIFO before it is opened (by
+/// anyone who may write in the tree), is refused with one line: the run
+/// used to wait in `open(2)` for a writer, forever.
+#[test]
+fn a_walked_file_swapped_for_a_fifo_never_holds_the_run() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let tree = d.join("t");
+    fs::create_dir(&tree).unwrap();
+    for i in 0..2000 {
+        fs::write(tree.join(format!("f{i:04}")), b"x").unwrap();
+    }
+    fs::write(tree.join("zzz"), b"last").unwrap();
+    let mut child = tpmcrypt(d)
+        .args(["encrypt", "-R", &r, "-j", "1", "--no-sync", "-r", "t"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first output exists, the walk is over: swap the last file.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !tree.join("f0000.tpmc").exists() {
+        assert!(std::time::Instant::now() < deadline, "no output");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    fs::remove_file(tree.join("zzz")).unwrap();
+    let fifo = std::ffi::CString::new(tree.join("zzz").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run waits on the FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let res: Run = child.wait_with_output().unwrap().into();
+    assert_eq!(res.code, 1, "{}", res.stderr);
+    assert_eq!(res.stderr.lines().count(), 1, "{}", res.stderr);
+    assert!(res.stderr.contains("zzz") && res.stderr.contains("no longer a regular file"));
+    assert!(tree.join("f1999.tpmc").exists() && !tree.join("zzz.tpmc").exists());
+}
+
 // ------------------------------------------------------ standard output gone
 
 use std::io::Read as _;

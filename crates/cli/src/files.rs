@@ -1172,6 +1172,11 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     if opts.in_place && !meta.is_file() {
         return Err(usage(InPlaceNotRegular.to_string()));
     }
+    if task.walked && !meta.is_file() {
+        return Err(anyhow::anyhow!(
+            "is no longer a regular file (replaced since its directory was read); left as it is"
+        ));
+    }
     let check_magic = opts.skip_ciphertext && task.walked && meta.is_file();
     let check_key = opts.in_place && opts.output_kind == Holds::Ciphertext;
     // The first bytes, read once for both checks below.
@@ -1448,12 +1453,12 @@ fn open_input(path: &Path, in_place: bool, walked: bool) -> anyhow::Result<File>
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = fs::OpenOptions::new();
     options.read(true);
-    if in_place {
-        // O_NONBLOCK: a FIFO swapped in after the check is not waited for
-        // (then refused); it changes nothing for a regular file.
+    if in_place || walked {
+        // O_NONBLOCK: a FIFO swapped in after the check (or the walk) is
+        // not waited for, then refused; it changes nothing for a regular
+        // file. Without it another user who may write in a walked tree
+        // could hold a run forever.
         options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    } else if walked {
-        options.custom_flags(libc::O_NOFOLLOW);
     }
     options.open(path).map_err(|e| {
         if walked && e.raw_os_error() == Some(libc::ELOOP) {
