@@ -3477,6 +3477,45 @@ fn stats_json_never_replaces_data_or_a_special_file() {
         assert_eq!(fs::read(d.join(file)).unwrap(), before, "{file} replaced");
     }
     assert_eq!(fs::read(d.join("id")).unwrap(), id);
+    // Checked again when the figures are written: a key moved onto the
+    // name during the run is left as it is (the run held open by its
+    // standard input meanwhile).
+    fs::write(d.join("late.json"), b"").unwrap();
+    let mut child = tpmcrypt(d)
+        .args([
+            "encrypt",
+            "-R",
+            &r,
+            "-o",
+            "late.tpmc",
+            "-",
+            "--stats-json",
+            "late.json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"some data").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    fs::rename(d.join("id"), d.join("late.json")).unwrap();
+    drop(stdin);
+    let late: Run = child.wait_with_output().unwrap().into();
+    assert_eq!(
+        fs::read(d.join("late.json")).unwrap(),
+        id,
+        "the key was replaced"
+    );
+    common::assert_error_line(
+        &late,
+        1,
+        None,
+        &["--stats-json", "changed during the run"],
+        "late",
+    );
+    fs::rename(d.join("late.json"), d.join("id")).unwrap();
     // Its directory must exist: checked before any work, like the rest.
     fs::remove_file(d.join("p.tpmc")).unwrap();
     let res = run(

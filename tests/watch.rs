@@ -1834,6 +1834,22 @@ fn stats_json_replaces_only_figures() {
         &meta.file_type()
     ));
     assert_eq!(fs::read(d.join("notes.txt")).expect("notes"), b"precious");
+    // A key moved onto the name while the daemon runs is not replaced at
+    // the next interval (200 ms), nor at exit: the rule is checked before
+    // every write.
+    let child = s.start(7, &[], true);
+    let key = b"-----BEGIN PRIVATE KEY-----\nnot figures\n-----END PRIVATE KEY-----\n";
+    fs::write(d.join("key.tmp"), key).expect("key");
+    fs::rename(d.join("key.tmp"), d.join("stats.json")).expect("move the key");
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(stop(child), 0, "{}", s.log(7));
+    assert_eq!(
+        fs::read(d.join("stats.json")).expect("key"),
+        key,
+        "{}",
+        s.log(7)
+    );
+    assert!(s.log(7).contains("--stats-json"), "{}", s.log(7));
     // Empty, then the figures of the run before: replaced both times
     // (`start` gives `--stats-json stats.json`).
     fs::write(d.join("stats.json"), b"").expect("empty");

@@ -207,12 +207,10 @@ pub fn write(target: &Target, text: &str) -> anyhow::Result<()> {
             .context("--stats-json: writing to standard error"),
         Target::File(path) => {
             let label = || format!("--stats-json {}", shown(path));
-            if let Some(kind) = fs::symlink_metadata(path)
-                .ok()
-                .as_ref()
-                .and_then(not_regular)
-            {
-                anyhow::bail!("{}: became {kind}: not replaced", label());
+            // Checked again: something else may have been put there since
+            // the run began (a key moved onto the name).
+            if let Some(why) = replace_refusal(path, run_figures) {
+                anyhow::bail!("{}: {why} (it changed during the run)", label());
             }
             let mut out =
                 crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;

@@ -330,10 +330,11 @@ fn summary_metric(out: &mut String, name: &str, help: &str, h: &Histogram) {
 /// Writes the JSON snapshot to `path`, crash-safe (temporary, fsync,
 /// rename).
 pub fn write_json(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
-    // Checked at start (see `setup`); what took its place since, if not a
-    // regular file, is not renamed over.
-    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
-        anyhow::bail!("no longer a regular file: not replaced");
+    // Checked at start (see `setup`) and again before every write: what
+    // took its place since (a key moved onto the name, a device) is not
+    // renamed over.
+    if let Some(why) = crate::statsfile::replace_refusal(path, watch_figures) {
+        anyhow::bail!("{why} (it changed since the daemon started)");
     }
     let mut f = AtomicFile::create(path, 0o644, true)?;
     serde_json::to_writer_pretty(f.file(), snap)?;
