@@ -3537,6 +3537,12 @@ fn stats_json_never_replaces_data_or_a_special_file() {
         "no dir",
     );
     assert!(!d.join("p.tpmc").exists(), "work was done");
+    // Nor a file for a directory, nor a name that ends with a slash.
+    for (stats, why) in [("p/s.json", "not a directory"), ("nodir/", "ends with /")] {
+        let res = run(d, &["encrypt", "-R", &r, "p", "--stats-json", stats]);
+        common::assert_error_line(&res, USAGE, None, &[why], stats);
+        assert!(!d.join("p.tpmc").exists(), "{stats}: work was done");
+    }
     fs::write(d.join("theirs.json"), b"theirs").unwrap();
     std::os::unix::fs::lchown(d.join("theirs.json"), Some(65534), Some(65534)).unwrap();
     let res = run(

@@ -65,10 +65,21 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
             return Err(refuse(why));
         }
     }
-    let Some(key) = entry_key(path, &mut HashMap::new()) else {
+    if raw.ends_with(b"/") {
+        return Err(refuse("ends with /: give a file name".into()));
+    }
+    let dir = crate::atomic::parent_dir(path);
+    let key = match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => entry_key(path, &mut HashMap::new()),
+        Ok(_) => {
+            return Err(refuse(format!("{} is not a directory", shown(dir))));
+        }
+        Err(_) => None,
+    };
+    let Some(key) = key else {
         return Err(refuse(format!(
             "its directory {} does not exist or cannot be reached",
-            shown(crate::atomic::parent_dir(path))
+            shown(dir)
         )));
     };
     let mut dirs = HashMap::new();
