@@ -2829,6 +2829,24 @@ fn an_output_that_is_its_own_input_is_refused() {
         assert_eq!(fs::read(d.join("x.tpmc")).unwrap(), ct, "{args:?}");
         assert_eq!(listing(d), before, "{args:?}");
     }
+    // Standard input redirected from the output (`-o a - < a`), also
+    // with --force.
+    for args in [
+        vec!["encrypt", "-R", &r, "--force", "-o", "a", "-"],
+        vec!["decrypt", "-i", "id", "--force", "-o", "x.tpmc", "-"],
+    ] {
+        let from = if args[0] == "encrypt" { "a" } else { "x.tpmc" };
+        let res: Run = tpmcrypt(d)
+            .args(&args)
+            .stdin(fs::File::open(d.join(from)).unwrap())
+            .output()
+            .unwrap()
+            .into();
+        assert_usage(&res, "stdin is the output");
+        assert!(res.stderr.contains("itself"), "{}", res.stderr);
+        assert_eq!(fs::read(d.join("a")).unwrap(), b"plain a", "{args:?}");
+        assert_eq!(fs::read(d.join("x.tpmc")).unwrap(), ct, "{args:?}");
+    }
     // `-o -` is standard output, also for an input named `-`.
     fs::write(d.join("-"), b"dash").unwrap();
     let res = run(d, &["encrypt", "-R", &r, "-o", "-", "./-"]);

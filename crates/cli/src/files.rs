@@ -200,7 +200,7 @@ pub struct Plan {
 pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     let stdin_only = args.inputs.is_empty() || (args.inputs.len() == 1 && is_dash(&args.inputs[0]));
     if stdin_only {
-        return stdin_plan(args);
+        return stdin_plan(args, naming);
     }
     if args.inputs.iter().any(|p| is_dash(p)) {
         return Err(usage("\"-\" (stdin) cannot be mixed with file inputs"));
@@ -248,7 +248,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
 }
 
 /// The one task of a run that reads standard input.
-fn stdin_plan(args: &FileArgs) -> anyhow::Result<Plan> {
+fn stdin_plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
     if args.in_place {
         return Err(usage("--in-place needs input files, not stdin"));
     }
@@ -256,6 +256,10 @@ fn stdin_plan(args: &FileArgs) -> anyhow::Result<Plan> {
         Some(p) if !is_dash(p) => Sink::File(p.clone()),
         _ => Sink::Stdout,
     };
+    // `-o a - < a`: the input is the output all the same.
+    if let Sink::File(out) = &sink {
+        refuse_output_that_is_its_input(Path::new("/dev/stdin"), out, naming)?;
+    }
     Ok(Plan {
         tasks: vec![Task {
             source: Source::Stdin,
