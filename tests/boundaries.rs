@@ -758,6 +758,22 @@ fn destroying_a_private_key_needs_confirmation_everywhere() {
         &common::run(d, &["recovery", "create", "--out", "./-"]),
         "recovery create --out ./-",
     );
+    // Nor a device or a symlink (as root, `--out /dev/null --force --yes`
+    // replaced the device by the key; `/dev/stdout`, a symlink, likewise).
+    let dev = std::ffi::CString::new(d.join("null").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let made = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(made, 0, "mknod (root, as CI runs the tests)");
+    std::os::unix::fs::symlink("rec.key", d.join("link.key")).unwrap();
+    for (out, kind) in [("null", "a device"), ("link.key", "a symbolic link")] {
+        let r = common::run(d, &["recovery", "create", "--out", out, "--force", "--yes"]);
+        common::assert_error_line(&r, 2, None, &[kind, "regular file"], out);
+    }
+    let kind = |p: &str| fs::symlink_metadata(d.join(p)).unwrap().file_type();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&kind(
+        "null"
+    )));
+    assert!(kind("link.key").is_symlink());
     assert_eq!(common::mode_of(&d.join("-")), 0o600);
 }
 
