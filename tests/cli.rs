@@ -2847,6 +2847,28 @@ fn an_output_that_is_its_own_input_is_refused() {
         assert_eq!(fs::read(d.join("a")).unwrap(), b"plain a", "{args:?}");
         assert_eq!(fs::read(d.join("x.tpmc")).unwrap(), ct, "{args:?}");
     }
+    // The names of standard output are standard output (they were files:
+    // with --force, as root, `/dev/stdout` was replaced; never tried here
+    // with --force, which would replace this machine's if it regressed);
+    // those of standard input and error are refused.
+    for out in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"] {
+        let res = run(d, &["encrypt", "-R", &r, "-o", out, "a"]);
+        assert_ok(&res, out);
+        assert!(res.stdout.starts_with(b"\x89TPMC"), "{out}");
+    }
+    assert!(fs::symlink_metadata("/dev/stdout")
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    for out in ["/dev/stdin", "/dev/stderr", "/proc/self/fd/0"] {
+        let res = run(d, &["encrypt", "-R", &r, "-o", out, "a"]);
+        assert_usage(&res, out);
+        assert!(
+            res.stderr.contains("standard input or standard error"),
+            "{}",
+            res.stderr
+        );
+    }
     // `-o -` is standard output, also for an input named `-`.
     fs::write(d.join("-"), b"dash").unwrap();
     let res = run(d, &["encrypt", "-R", &r, "-o", "-", "./-"]);

@@ -132,6 +132,24 @@ fn is_dash(p: &Path) -> bool {
     p.as_os_str() == "-"
 }
 
+/// Where `-o OUT` writes: standard output for `-` and its names
+/// (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`), as `--stats-json`
+/// reads them; the names of standard input and error are refused. Taken
+/// as files, they were replaced with `--force` (as root, the system's
+/// `/dev/stdout` symlink by a file holding the output).
+fn sink_of(out: &Path) -> anyhow::Result<Sink> {
+    match out.as_os_str().as_encoded_bytes() {
+        b"-" | b"/dev/stdout" | b"/dev/fd/1" | b"/proc/self/fd/1" => Ok(Sink::Stdout),
+        b"/dev/stdin" | b"/dev/fd/0" | b"/proc/self/fd/0" | b"/dev/stderr" | b"/dev/fd/2"
+        | b"/proc/self/fd/2" => Err(usage(format!(
+            "-o {}: names standard input or standard error, not a place for the output \
+             (-o - writes to standard output)",
+            shown(out)
+        ))),
+        _ => Ok(Sink::File(out.to_path_buf())),
+    }
+}
+
 /// The output name for `input`.
 pub fn output_name(input: &Path, naming: Naming) -> anyhow::Result<PathBuf> {
     match naming {
@@ -210,11 +228,7 @@ pub fn plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         if sources.len() != 1 || args.recursive {
             return Err(usage("-o takes exactly one input file"));
         }
-        let sink = if is_dash(out) {
-            Sink::Stdout
-        } else {
-            Sink::File(out.clone())
-        };
+        let sink = sink_of(out)?;
         let (src, walked) = sources.remove(0);
         if naming != Naming::Rekey && sink != Sink::Stdout {
             refuse_output_that_is_its_input(&src, out, naming)?;
@@ -253,8 +267,8 @@ fn stdin_plan(args: &FileArgs, naming: Naming) -> anyhow::Result<Plan> {
         return Err(usage("--in-place needs input files, not stdin"));
     }
     let sink = match &args.output {
-        Some(p) if !is_dash(p) => Sink::File(p.clone()),
-        _ => Sink::Stdout,
+        Some(p) => sink_of(p)?,
+        None => Sink::Stdout,
     };
     // `-o a - < a`: the input is the output all the same.
     if let Sink::File(out) = &sink {
