@@ -1762,6 +1762,20 @@ fn relative_xdg_directories_are_ignored() {
             "agent --stop",
         );
     }
+    // A relative HOME, without XDG_DATA_HOME: no keystore is made from it
+    // (`HOME=~`, as a unit file's Environment= line gives it, made `./~`).
+    for home_value in ["~", "."] {
+        let r = run(&[("HOME", home_value)], &["key", "list"]);
+        common::assert_error_line(
+            &r,
+            r.code,
+            None,
+            &["HOME is not an absolute path"],
+            home_value,
+        );
+        assert_ne!(r.code, 0, "{home_value}");
+    }
+    assert!(!work.join("~").exists() && !work.join(".local").exists());
     // An absolute one is used, as before.
     let xdg = d.join("xdg-data");
     let r = run(

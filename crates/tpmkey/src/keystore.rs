@@ -120,12 +120,18 @@ impl Keystore {
         if let Some(d) = crate::trust::env_dir("XDG_DATA_HOME") {
             return Ok(d.join("tpmcrypt"));
         }
-        if let Some(h) = non_empty("HOME") {
-            return Ok(PathBuf::from(h).join(".local/share/tpmcrypt"));
+        // A relative HOME (`.`, a literal `~` from a unit file) would give
+        // each working directory a keystore of its own: as unset.
+        if let Some(h) = crate::trust::env_dir("HOME") {
+            return Ok(h.join(".local/share/tpmcrypt"));
         }
-        Err(Error::Keystore(
-            "cannot locate the keystore: set TPMCRYPT_HOME or HOME, or pass --keystore".into(),
-        ))
+        let why = match non_empty("HOME") {
+            Some(_) => "HOME is not an absolute path",
+            None => "HOME is not set",
+        };
+        Err(Error::Keystore(format!(
+            "cannot locate the keystore ({why}): set TPMCRYPT_HOME or HOME, or pass --keystore"
+        )))
     }
 
     /// Opens (creating with mode 0700 if needed) a keystore directory.
