@@ -403,22 +403,14 @@ fn in_place_on_what_is_not_a_regular_file_is_refused_without_opening_it() {
         vec!["decrypt", "-i", "id", "--in-place", "f.tpmc"],
     ] {
         let name = *args.last().unwrap();
-        let mut child = tpmcrypt(d)
+        let child = tpmcrypt(d)
             .args(&args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{args:?}: still running after 10 s (waiting on the FIFO)");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let res: Run = child.wait_with_output().unwrap().into();
+        let res = finished_by(child, deadline, &format!("{args:?}"));
         assert_error_line(
             &res,
             USAGE,
@@ -529,6 +521,20 @@ fn a_ciphertext_whose_path_would_be_too_long_is_not_made() {
     assert!(exists(452, "f") && !exists(452, "f.tpmc"));
 }
 
+/// The run of `child`, which must end by `deadline` (else it is killed
+/// and the test fails: it waits on a FIFO).
+fn finished_by(mut child: std::process::Child, deadline: std::time::Instant, what: &str) -> Run {
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running at its deadline (waiting on the FIFO)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap().into()
+}
+
 /// A file the walk found, replaced by a FIFO before it is opened (by
 /// anyone who may write in the tree), is refused with one line: the run
 /// used to wait in `open(2)` for a writer, forever.
@@ -542,7 +548,7 @@ fn a_walked_file_swapped_for_a_fifo_never_holds_the_run() {
         fs::write(tree.join(format!("f{i:04}")), b"x").unwrap();
     }
     fs::write(tree.join("zzz"), b"last").unwrap();
-    let mut child = tpmcrypt(d)
+    let child = tpmcrypt(d)
         .args(["encrypt", "-R", &r, "-j", "1", "--no-sync", "-r", "t"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -558,15 +564,7 @@ fn a_walked_file_swapped_for_a_fifo_never_holds_the_run() {
     let fifo = std::ffi::CString::new(tree.join("zzz").to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the run waits on the FIFO");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let res: Run = child.wait_with_output().unwrap().into();
+    let res = finished_by(child, deadline, "encrypt -r");
     assert_eq!(res.code, 1, "{}", res.stderr);
     assert_eq!(res.stderr.lines().count(), 1, "{}", res.stderr);
     assert!(res.stderr.contains("zzz") && res.stderr.contains("no longer a regular file"));
