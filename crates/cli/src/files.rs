@@ -132,21 +132,42 @@ fn is_dash(p: &Path) -> bool {
     p.as_os_str() == "-"
 }
 
-/// Where `-o OUT` writes: standard output for `-` and its names
-/// (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`), as `--stats-json`
-/// reads them; the names of standard input and error are refused. Taken
-/// as files, they were replaced with `--force` (as root, the system's
-/// `/dev/stdout` symlink by a file holding the output).
+/// A standard stream, as a path names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// `/dev/stdin`, `/dev/fd/0`, `/proc/self/fd/0`.
+    In,
+    /// `-`, `/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`.
+    Out,
+    /// `/dev/stderr`, `/dev/fd/2`, `/proc/self/fd/2`.
+    Err,
+}
+
+/// The standard stream `path` names, if any: an output path that names
+/// one means it (`-o`, `--stats-json`), never a file there to replace.
+pub fn stream_named(path: &Path) -> Option<Stream> {
+    match path.as_os_str().as_encoded_bytes() {
+        b"-" | b"/dev/stdout" | b"/dev/fd/1" | b"/proc/self/fd/1" => Some(Stream::Out),
+        b"/dev/stdin" | b"/dev/fd/0" | b"/proc/self/fd/0" => Some(Stream::In),
+        b"/dev/stderr" | b"/dev/fd/2" | b"/proc/self/fd/2" => Some(Stream::Err),
+        _ => None,
+    }
+}
+
+/// Where `-o OUT` writes: standard output for the names of it (see
+/// [`stream_named`]), as `--stats-json` reads them; the names of standard
+/// input and error are refused. Taken as files, they were replaced with
+/// `--force` (as root, the system's `/dev/stdout` symlink by a file
+/// holding the output).
 fn sink_of(out: &Path) -> anyhow::Result<Sink> {
-    match out.as_os_str().as_encoded_bytes() {
-        b"-" | b"/dev/stdout" | b"/dev/fd/1" | b"/proc/self/fd/1" => Ok(Sink::Stdout),
-        b"/dev/stdin" | b"/dev/fd/0" | b"/proc/self/fd/0" | b"/dev/stderr" | b"/dev/fd/2"
-        | b"/proc/self/fd/2" => Err(usage(format!(
+    match stream_named(out) {
+        Some(Stream::Out) => Ok(Sink::Stdout),
+        Some(Stream::In | Stream::Err) => Err(usage(format!(
             "-o {}: names standard input or standard error, not a place for the output \
              (-o - writes to standard output)",
             shown(out)
         ))),
-        _ => Ok(Sink::File(out.to_path_buf())),
+        None => Ok(Sink::File(out.to_path_buf())),
     }
 }
 

@@ -11,13 +11,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write as _};
-use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
 use crate::files::FileArgs;
-use crate::files::{Plan, Sink, Source};
+use crate::files::{Plan, Sink, Source, Stream};
 use crate::ui::exit::usage;
 use crate::ui::shown;
 
@@ -36,21 +36,20 @@ pub enum Target {
 /// refusal is a usage error naming `--stats-json` and the path.
 pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target> {
     let refuse = |why: String| usage(format!("--stats-json {}: {why}", shown(path)));
-    let raw = path.as_os_str().as_encoded_bytes();
-    if matches!(
-        raw,
-        b"-" | b"/dev/stdout" | b"/dev/fd/1" | b"/proc/self/fd/1"
-    ) {
-        if plan.tasks.iter().any(|t| t.sink == Sink::Stdout) {
-            return Err(refuse(
-                "standard output carries the run's data; give a file".into(),
-            ));
+    match crate::files::stream_named(path) {
+        Some(Stream::Out) => {
+            if plan.tasks.iter().any(|t| t.sink == Sink::Stdout) {
+                return Err(refuse(
+                    "standard output carries the run's data; give a file".into(),
+                ));
+            }
+            return Ok(Target::Stdout);
         }
-        return Ok(Target::Stdout);
+        Some(Stream::Err) => return Ok(Target::Stderr),
+        // Standard input's names are symlinks there: refused below.
+        Some(Stream::In) | None => {}
     }
-    if matches!(raw, b"/dev/stderr" | b"/dev/fd/2" | b"/proc/self/fd/2") {
-        return Ok(Target::Stderr);
-    }
+    let raw = path.as_os_str().as_encoded_bytes();
     if let Ok(m) = fs::symlink_metadata(path) {
         let same =
             |p: &Path| fs::metadata(p).is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino()));
@@ -117,7 +116,7 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
 /// --stats-json`.
 pub fn replace_refusal(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> Option<String> {
     let m = fs::symlink_metadata(path).ok()?;
-    if let Some(kind) = not_regular(&m) {
+    if let Some(kind) = crate::ui::not_regular(&m) {
         return Some(format!(
             "is {kind}, not a regular file: refusing to replace it"
         ));
@@ -163,26 +162,6 @@ fn holds_figures(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> bool {
         return true;
     }
     serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|v| earlier(&v))
-}
-
-/// What a file that is not regular is, for the refusal.
-fn not_regular(m: &fs::Metadata) -> Option<&'static str> {
-    let ft = m.file_type();
-    Some(if ft.is_file() {
-        return None;
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "a device"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_socket() {
-        "a socket"
-    } else {
-        "a special file"
-    })
 }
 
 /// A directory entry as (its directory, resolved; its name): two paths

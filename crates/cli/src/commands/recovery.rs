@@ -56,21 +56,16 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
     }
     // A device, a FIFO, a socket or a symlink (`/dev/null`, `/dev/stdout`)
     // is never replaced by the key, nor called an identity.
-    if let Ok(m) = fs::symlink_metadata(out) {
-        if !m.is_file() {
-            let kind = if m.file_type().is_symlink() {
-                "a symbolic link"
-            } else if m.is_dir() {
-                "a directory"
-            } else {
-                "a device, FIFO or socket"
-            };
-            return Err(crate::ui::exit::usage(format!(
-                "--out {}: is {kind}; a recovery identity is written only to a regular file of \
-                 its own",
-                crate::ui::shown(out)
-            )));
-        }
+    if let Some(kind) = fs::symlink_metadata(out)
+        .ok()
+        .as_ref()
+        .and_then(crate::ui::not_regular)
+    {
+        return Err(crate::ui::exit::usage(format!(
+            "--out {}: is {kind}; a recovery identity is written only to a regular file of its \
+             own",
+            crate::ui::shown(out)
+        )));
     }
     // The recipient is printed: no key is made that nobody would see.
     crate::ui::stdout::ensure_open()?;

@@ -10,6 +10,29 @@ pub mod stdout;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// What a file that is not regular is ("a device", "a symbolic link"
+/// as `lstat` sees it), for a refusal to replace it; None for a regular
+/// file.
+pub fn not_regular(m: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let ft = m.file_type();
+    Some(if ft.is_file() {
+        return None;
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    })
+}
+
 /// Output preferences shared by the commands.
 #[derive(Clone)]
 pub struct Ui {
