@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
-use common::{assert_error_line, assert_ok, recovery, run, tpmcrypt, Run};
+use common::{assert_error_line, assert_ok, finished_by, recovery, run, tpmcrypt, Run};
 
 /// A scratch directory holding a recovery identity `id`; returns the
 /// directory and the identity's recipient string.
@@ -519,20 +519,6 @@ fn a_ciphertext_whose_path_would_be_too_long_is_not_made() {
         back.stderr
     );
     assert!(exists(452, "f") && !exists(452, "f.tpmc"));
-}
-
-/// The run of `child`, which must end by `deadline` (else it is killed
-/// and the test fails: it waits on a FIFO).
-fn finished_by(mut child: std::process::Child, deadline: std::time::Instant, what: &str) -> Run {
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running at its deadline (waiting on the FIFO)");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap().into()
 }
 
 /// A file the walk found, replaced by a FIFO before it is opened (by

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bytes, recovery, run, tpmcrypt, KillDelay, Rng};
+use common::{bytes, recovery, run, run_within, tpmcrypt, KillDelay, Rng};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -1812,7 +1812,7 @@ fn stats_json_replaces_only_figures() {
         ("notes.txt", "neither empty nor figures"),
         ("link.json", "a symbolic link"),
     ] {
-        let r = run(
+        let r = run_within(
             d,
             &[
                 "watch",
@@ -1824,6 +1824,7 @@ fn stats_json_replaces_only_figures() {
                 "--stats-json",
                 path,
             ],
+            30,
         );
         assert_eq!(r.code, 2, "{path}: {}", r.stderr);
         assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
@@ -1860,6 +1861,77 @@ fn stats_json_replaces_only_figures() {
             serde_json::from_slice(&fs::read(d.join("stats.json")).expect("stats")).expect("json");
         assert!(v.get("uptime_s").is_some(), "{v}");
     }
+}
+
+/// `--log` appends only to a log: a typo naming a key, notes or a block
+/// device is refused at start (exit 2, one line) and left as it was; a
+/// log of an earlier run is appended to; a key moved onto the name before
+/// a SIGHUP is not written to (the log goes on in the file open before).
+#[test]
+fn a_log_is_appended_only_to_a_log() {
+    let s = Scratch::new();
+    let d = s.path();
+    fs::write(d.join("notes.txt"), b"precious").expect("notes");
+    std::os::unix::fs::symlink("notes.txt", d.join("link.log")).expect("symlink");
+    fs::create_dir(d.join("logdir")).expect("dir");
+    // A block device node with no driver behind it: opening it fails on
+    // every build, so a regression cannot write to a real disk.
+    let c = std::ffi::CString::new(d.join("disk").to_str().expect("utf-8")).expect("c");
+    // SAFETY: a valid NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, libc::makedev(231, 7)) };
+    assert_eq!(made, 0, "mknod (needs root, as CI runs the tests)");
+    for (path, why) in [
+        ("notes.txt", "neither empty nor a tpmcrypt log"),
+        ("link.log", "neither empty nor a tpmcrypt log"),
+        ("logdir", "a directory"),
+        ("disk", "a device"),
+        ("/dev/stdin", "names standard input"),
+    ] {
+        let r = run_within(
+            d,
+            &[
+                "watch",
+                "src",
+                "--out",
+                "dest",
+                "-R",
+                &s.recipient,
+                "--log",
+                path,
+            ],
+            30,
+        );
+        assert_eq!(r.code, 2, "{path}: {}", r.stderr);
+        assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
+        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    }
+    assert_eq!(fs::read(d.join("notes.txt")).expect("notes"), b"precious");
+    assert!(!d.join("dest").exists(), "nothing made before the refusal");
+
+    // Two runs on one log: the second appends to the first's lines.
+    let logfile = d.join("daemon.log");
+    let log_arg = logfile.to_str().expect("utf-8");
+    for n in 0..2 {
+        let child = s.start(n, &["--log", log_arg], true);
+        assert_eq!(stop(child), 0, "{}", s.log(n));
+    }
+    let log = fs::read_to_string(&logfile).expect("log");
+    assert_eq!(log.matches("signal 15: stopping").count(), 2, "{log}");
+
+    // A key moved onto the name, then SIGHUP: the key is kept as it was.
+    let child = s.start(2, &["--log", log_arg], true);
+    fs::rename(&logfile, d.join("daemon.log.1")).expect("rotate");
+    let key = b"-----BEGIN PRIVATE KEY-----\nnot a log\n-----END PRIVATE KEY-----\n";
+    fs::write(&logfile, key).expect("key");
+    signal(&child, libc::SIGHUP);
+    let old = d.join("daemon.log.1");
+    wait_for("the refusal in the old log", Duration::from_secs(5), || {
+        fs::read_to_string(&old).is_ok_and(|l| l.contains("cannot reopen the log file"))
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(2));
+    assert_eq!(fs::read(&logfile).expect("key"), key);
+    let old = fs::read_to_string(&old).expect("old log");
+    assert!(old.contains("neither empty nor a tpmcrypt log"), "{old}");
 }
 
 /// The plaintexts of every version of `name` in DEST, concatenated in

@@ -68,6 +68,39 @@ pub fn run(dir: &Path, args: &[&str]) -> Run {
         .into()
 }
 
+/// The run of `child`, which must end by `deadline`: else it is killed
+/// and the test fails (a run that waits on a FIFO, or a daemon that
+/// started where it should have refused, fails the test, not hangs it).
+pub fn finished_by(
+    mut child: std::process::Child,
+    deadline: std::time::Instant,
+    what: &str,
+) -> Run {
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running at its deadline");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("output").into()
+}
+
+/// Runs `args` in `dir`, which must end within `secs` seconds (see
+/// [`finished_by`]).
+pub fn run_within(dir: &Path, args: &[&str], secs: u64) -> Run {
+    let child = tpmcrypt(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tpmcrypt");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    finished_by(child, deadline, &format!("{args:?}"))
+}
+
 /// Runs `args` in `dir` with `input` on stdin.
 pub fn run_stdin(dir: &Path, args: &[&str], input: &[u8]) -> Run {
     use std::io::Write;

@@ -6,11 +6,14 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tracing::{Event, Level, Subscriber};
+
+use crate::files::Stream;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
@@ -19,19 +22,123 @@ use tracing_subscriber::registry::LookupSpan;
 #[derive(Clone)]
 pub struct Sink {
     file: Option<(PathBuf, Arc<Mutex<File>>)>,
+    /// `--log /dev/stdout` (or `-`): lines go to standard output.
+    stdout: bool,
+}
+
+/// Why log lines must not be appended to `path`, if they must not: the
+/// daemon appends to a new or empty file, to a log it wrote before, to a
+/// FIFO or to a character device (`/dev/null`, `/dev/kmsg`), never to
+/// other data (a typo naming a key, an identity, a ciphertext, or
+/// `/etc/passwd` as root), a block device or a directory. Symbolic links
+/// are followed, as a log's usually are; the rule holds for what they
+/// name. `None` for a name that does not exist (it is created).
+pub fn append_refusal(path: &Path) -> Option<String> {
+    match crate::files::stream_named(path) {
+        Some(Stream::Out | Stream::Err) => return None,
+        Some(Stream::In) => {
+            return Some(
+                "names standard input: log lines go to a file, standard output or standard error"
+                    .into(),
+            )
+        }
+        None => {}
+    }
+    let m = std::fs::metadata(path).ok()?;
+    refusal_for(&m, || starts_as_a_log(path))
+}
+
+fn refusal_for(m: &std::fs::Metadata, ours: impl FnOnce() -> bool) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let ft = m.file_type();
+    if ft.is_fifo() || ft.is_char_device() {
+        return None;
+    }
+    if let Some(kind) = crate::ui::not_regular(m) {
+        return Some(format!(
+            "is {kind}, not a file to append log lines to: refusing to write to it"
+        ));
+    }
+    (m.len() > 0 && !ours()).then(|| {
+        "exists and is neither empty nor a tpmcrypt log: refusing to append to it \
+         (remove it, or give another name)"
+            .to_string()
+    })
+}
+
+/// Whether the file's first line is one of ours: an RFC 3339 time, a
+/// level, a target (`2026-11-27T19:00:00.123Z INFO tpmcrypt::watch: …`).
+fn starts_as_a_log(path: &Path) -> bool {
+    use std::io::Read as _;
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    else {
+        return false;
+    };
+    let mut head = Vec::with_capacity(256);
+    if f.take(256).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    is_log_line(&head)
+}
+
+fn is_log_line(head: &[u8]) -> bool {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let Ok(line) = std::str::from_utf8(line) else {
+        return false;
+    };
+    let mut words = line.splitn(3, ' ');
+    let (Some(time), Some(level), Some(rest)) = (words.next(), words.next(), words.next()) else {
+        return false;
+    };
+    humantime::parse_rfc3339(time).is_ok()
+        && ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&level)
+        && rest.split_once(": ").is_some()
 }
 
 impl Sink {
+    /// Opens `path` to append to, if [`append_refusal`] allows it, and
+    /// checks that what was opened is what was looked at (a name swapped
+    /// meanwhile is refused as well). A FIFO nobody reads is an error,
+    /// not a wait.
     fn open(path: &Path) -> io::Result<File> {
-        OpenOptions::new()
+        let refused = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+        if let Some(why) = append_refusal(path) {
+            return Err(refused(why));
+        }
+        let file = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o640)
-            .open(path)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)?;
+        let m = file.metadata()?;
+        // Swapped after the look: what was opened must pass the rule as
+        // well (its first line is read through the path again, so a
+        // regular file must still be the one the path names).
+        let same = || {
+            std::fs::metadata(path).is_ok_and(|p| p.dev() == m.dev() && p.ino() == m.ino())
+                && starts_as_a_log(path)
+        };
+        if let Some(why) = refusal_for(&m, same) {
+            return Err(refused(why));
+        }
+        // Writes block again (a FIFO's reader that is slow is waited for).
+        // SAFETY: fcntl on a descriptor this function owns.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags >= 0 {
+            // SAFETY: as above.
+            unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+        }
+        Ok(file)
     }
 
     /// Reopens the log file (after logrotate moved it away). Returns false
-    /// when logging to stderr (nothing to reopen).
+    /// when logging to stderr (nothing to reopen). A name that now holds
+    /// anything [`append_refusal`] refuses is not written to: the log goes
+    /// on in the file open before.
     pub fn reopen(&self) -> io::Result<bool> {
         let Some((path, file)) = &self.file else {
             return Ok(false);
@@ -46,6 +153,8 @@ impl Sink {
 pub enum LineWriter<'a> {
     /// Standard error.
     Stderr(io::Stderr),
+    /// Standard output.
+    Stdout(io::Stdout),
     /// The log file.
     File(&'a Mutex<File>),
 }
@@ -54,6 +163,7 @@ impl Write for LineWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             LineWriter::Stderr(s) => s.write(buf),
+            LineWriter::Stdout(s) => s.write(buf),
             LineWriter::File(f) => f.lock().unwrap_or_else(|e| e.into_inner()).write(buf),
         }
     }
@@ -61,6 +171,7 @@ impl Write for LineWriter<'_> {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match self {
             LineWriter::Stderr(s) => s.lock().write_all(buf),
+            LineWriter::Stdout(s) => s.lock().write_all(buf),
             LineWriter::File(f) => f.lock().unwrap_or_else(|e| e.into_inner()).write_all(buf),
         }
     }
@@ -76,6 +187,7 @@ impl<'a> MakeWriter<'a> for Sink {
     fn make_writer(&'a self) -> Self::Writer {
         match &self.file {
             Some((_, f)) => LineWriter::File(f),
+            None if self.stdout => LineWriter::Stdout(io::stdout()),
             None => LineWriter::Stderr(io::stderr()),
         }
     }
@@ -145,17 +257,29 @@ fn stderr_is_journal() -> bool {
 
 /// Installs the global subscriber. Returns the sink, for SIGHUP.
 pub fn init(log_file: Option<&Path>, verbose: bool) -> anyhow::Result<Sink> {
+    // The names of standard output and error mean those streams, as
+    // they do for `-o` and `--stats-json`: nothing there to reopen.
+    let stream = log_file.and_then(crate::files::stream_named);
+    let log_file = log_file.filter(|_| stream.is_none());
     let sink = match log_file {
+        _ if stream == Some(Stream::Out) => Sink {
+            file: None,
+            stdout: true,
+        },
         Some(p) => {
             let f = Sink::open(p)
                 .map_err(|e| anyhow::Error::from(e).context(format!("--log {}", p.display())))?;
             Sink {
                 file: Some((p.to_path_buf(), Arc::new(Mutex::new(f)))),
+                stdout: false,
             }
         }
-        None => Sink { file: None },
+        None => Sink {
+            file: None,
+            stdout: false,
+        },
     };
-    let on_stderr = log_file.is_none();
+    let on_stderr = log_file.is_none() && !sink.stdout;
     let format = LineFormat {
         colour: on_stderr && crate::ui::colour::stderr(),
         priority: on_stderr && stderr_is_journal(),
@@ -177,4 +301,29 @@ pub fn init(log_file: Option<&Path>, verbose: bool) -> anyhow::Result<Sink> {
     // Already set (only if run twice in one process): keep the first.
     let _ = tracing::subscriber::set_global_default(subscriber);
     Ok(sink)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_line_of_ours_starts_a_log() {
+        let now = crate::ui::rfc3339(std::time::SystemTime::now());
+        for level in ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"] {
+            let line = format!("{now} {level} tpmcrypt::watch: session 1\nmore");
+            assert!(is_log_line(line.as_bytes()), "{line}");
+        }
+        for text in [
+            "-----BEGIN PRIVATE KEY-----\n",
+            "root:x:0:0:root:/root:/bin/bash\n",
+            "2026-11-27T19:00:00.123Z INFO\n",
+            "2026-11-27T19:00:00.123Z NOTICE tpmcrypt::watch: x\n",
+            "yesterday INFO tpmcrypt::watch: x\n",
+            "",
+        ] {
+            assert!(!is_log_line(text.as_bytes()), "{text}");
+        }
+        assert!(!is_log_line(b"\xff\xfe INFO a: b"));
+    }
 }

@@ -106,7 +106,9 @@ pub struct WatchArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
-    /// Log to FILE instead of stderr (SIGHUP reopens it).
+    /// Log to FILE instead of stderr (SIGHUP reopens it). FILE must be new,
+    /// empty, a log this daemon wrote, a FIFO or a character device; `-`
+    /// or /dev/stdout means standard output. Other data is never appended to.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
 }

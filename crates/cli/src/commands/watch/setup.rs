@@ -91,6 +91,12 @@ pub fn prepare(args: &WatchArgs) -> anyhow::Result<Dirs> {
             }
         }
     }
+    // Appended to: never other data, a block device or a directory.
+    if let Some(file) = &args.log {
+        if let Some(why) = super::log::append_refusal(file) {
+            return Err(usage(format!("--log {}: {why}", file.display())));
+        }
+    }
     // Replaced at every interval: never a device (as root, `/dev/null`
     // became a file), a key, or anything but figures written before.
     if let Some(file) = &args.stats_json {
