@@ -1338,6 +1338,144 @@ fn key_delete_needs_yes_without_a_terminal() {
     assert_eq!(r.code, USAGE, "deleting a missing key: {}", r.stderr);
 }
 
+/// The keystore's writes are locked and committed as one. Two `key create`
+/// of one name at once (the first held in its renames by strace): one
+/// key, one "exists already", and a file encrypted to the key that was
+/// reported made decrypts. Then `key create --force` killed at each of its
+/// renames: the old key or the new one, each with its own metadata, never
+/// the old key file beside the new key's metadata (which dropped the old
+/// key's recovery recipient from every file encrypted after). A delete cut
+/// short is finished by deleting again.
+#[test]
+fn keystore_writes_are_locked_and_never_half_done() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let tcti = sim.tcti();
+    let ks = keystore(d);
+    let temporaries = || -> Vec<String> {
+        fs::read_dir(&ks)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains(".tmp"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_ok(&tc(d, &tcti, &["key", "create", "first"]), "key create");
+    let slow = common::wrapper(d, "strace")
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=rename,renameat,renameat2",
+        ])
+        .args(["-e", "inject=rename,renameat,renameat2:delay_enter=400000"])
+        .arg(common::bin())
+        .args(["--tpm", &tcti, "key", "create", "dup"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strace");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while temporaries().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the slow run never wrote its files"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let fast = tc(d, &tcti, &["key", "create", "dup"]);
+    let slow: Run = slow.wait_with_output().expect("wait").into();
+    let (won, lost) = if slow.code == OK {
+        (&slow, &fast)
+    } else {
+        (&fast, &slow)
+    };
+    assert_ok(won, "one key create");
+    assert_eq!(lost.code, 1, "the other: {}", lost.stderr);
+    assert!(lost.stderr.contains("exists"), "{}", lost.stderr);
+    let made = parse_created(won, "dup", "ecc-p256");
+    let listed = key_list(d);
+    let dup = listed
+        .iter()
+        .find(|k| k["name"] == "dup")
+        .expect("dup listed");
+    assert_eq!(dup["fingerprint"], made.fingerprint.as_str(), "{listed:?}");
+    fs::write(d.join("f"), b"kept").unwrap();
+    assert_ok(&plain(d, &["encrypt", "-k", "dup", "f"]), "encrypt -k dup");
+    let r = tc(d, &tcti, &["decrypt", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt with the key reported made");
+    assert_eq!(r.stdout, b"kept");
+
+    // `key create --force` killed at its 1st … 4th rename.
+    let recipient = recovery(d, "recovery.key");
+    for when in 1..=4 {
+        let name = format!("k{when}");
+        let old = create_key(
+            d,
+            &tcti,
+            &name,
+            "ecc-p256",
+            &["--recovery", &recipient],
+            false,
+        );
+        let inject = format!("inject=rename,renameat,renameat2:signal=SIGKILL:when={when}");
+        let killed = common::wrapper(d, "strace")
+            .args([
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=rename,renameat,renameat2",
+            ])
+            .args(["-e", &inject])
+            .arg(common::bin())
+            .args(["--tpm", &tcti, "key", "create", "--force", "--yes", &name])
+            .output()
+            .expect("strace");
+        assert!(!killed.status.success(), "rename {when}: not killed");
+        let listed = key_list(d);
+        let k = listed
+            .iter()
+            .find(|k| k["name"] == name.as_str())
+            .expect("listed");
+        let is_old = k["fingerprint"] == old.fingerprint.as_str();
+        let want: Vec<Value> = if is_old {
+            vec![Value::from(recipient.clone())]
+        } else {
+            vec![]
+        };
+        assert_eq!(k["recovery"], Value::from(want), "rename {when}: {k}");
+        let file = format!("g{when}");
+        fs::write(d.join(&file), b"g").unwrap();
+        let r = plain(d, &["encrypt", "-k", &name, &file]);
+        assert_ok(&r, &format!("rename {when}: encrypt -k"));
+        let info = inspect(d, &format!("{file}.tpmc"));
+        let n = info["recipients"].as_array().expect("recipients").len();
+        assert_eq!(n, if is_old { 2 } else { 1 }, "rename {when}: {info}");
+        // The next write finds nothing left over.
+        assert_ok(
+            &tc(d, &tcti, &["key", "create", &format!("z{when}")]),
+            "key create",
+        );
+        assert_eq!(temporaries(), Vec::<String>::new(), "rename {when}");
+    }
+
+    // A delete cut short after the key file: the rest goes on `key delete`.
+    fs::remove_file(ks.join("first.key.pem")).unwrap();
+    let r = plain(d, &["key", "delete", "first"]);
+    assert_ok(&r, "key delete of what was left");
+    assert!(!ks.join("first.json").exists() && !ks.join("first.pub.pem").exists());
+    let r = plain(d, &["key", "delete", "first", "--yes"]);
+    assert_eq!(r.code, USAGE, "nothing left: {}", r.stderr);
+    drop(sim);
+}
+
 // ---------------------------------------------------------------- fallback
 
 /// A keystore key the TPM refuses (PCRs changed) or that would need a PIN

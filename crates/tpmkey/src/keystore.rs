@@ -8,8 +8,11 @@
 //!   encrypting to the key with ordinary tools.
 //! * `NAME.json`     – small metadata ([`KeyMeta`]).
 //!
-//! All writes go to a temporary file in the same directory, are fsynced and
-//! then renamed, so a crash never leaves a truncated key behind.
+//! All writes are made under the keystore's lock (`.lock`), to temporary
+//! files in the same directory that are fsynced, then renamed in one
+//! recorded commit (`.NAME.commit`, see [`Keystore::save_locked`]), so a
+//! crash never leaves a truncated key, nor one key's file beside another's
+//! metadata.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -190,8 +193,34 @@ impl Keystore {
         self.key_path(name).exists()
     }
 
-    /// Saves a key; fails if the name is taken unless `overwrite`.
+    /// Saves a key; fails if the name is taken unless `overwrite`. Takes
+    /// the keystore's lock ([`Keystore::lock`]) for the check and the
+    /// writes, so of two runs saving one name without `overwrite` exactly
+    /// one succeeds, and no run's read-modify-write is undone by another.
     pub fn save(&self, name: &str, blob: &KeyBlob, meta: &KeyMeta, overwrite: bool) -> Result<()> {
+        let lock = self.lock()?;
+        self.save_locked(&lock, name, blob, meta, overwrite)
+    }
+
+    /// [`Keystore::save`] under a lock the caller holds (a read-modify-write).
+    ///
+    /// A key is three files, and a crash between their renames must not
+    /// leave one key's file beside another's metadata (its recovery
+    /// recipients, its PIN flag). So the three are written under temporary
+    /// names and made durable, then a commit record naming them is made
+    /// durable, then they are renamed into place and the record removed.
+    /// A record found later (by [`Keystore::lock`], or by a
+    /// [`Keystore::load`] of that name) is finished: the renames it names
+    /// that were not done are done. Without a record, temporaries are
+    /// left-overs of a run that never committed, and are removed.
+    pub fn save_locked(
+        &self,
+        _lock: &KeystoreLock,
+        name: &str,
+        blob: &KeyBlob,
+        meta: &KeyMeta,
+        overwrite: bool,
+    ) -> Result<()> {
         validate_name(name)?;
         if !overwrite && self.exists(name) {
             return Err(Error::Keystore(format!(
@@ -204,18 +233,107 @@ impl Keystore {
         let json = serde_json::to_string_pretty(&meta)
             .map_err(|e| Error::Keystore(format!("metadata: {e}")))?;
         let pub_pem = blob.public_key_pem()?;
-        // Metadata and public key first: the key file's presence is what
-        // makes the key "exist", so it is written last.
-        atomic_write(&self.meta_path(name), json.as_bytes(), 0o600)?;
-        atomic_write(&self.pub_path(name), pub_pem.as_bytes(), 0o644)?;
-        atomic_write(&self.key_path(name), blob.to_pem().as_bytes(), 0o600)?;
-        Ok(())
+        let mut renames = Vec::with_capacity(3);
+        let written = (|| -> Result<()> {
+            // Metadata and public key first: the key file's presence is
+            // what makes the key "exist", so it is renamed last.
+            for (target, data, mode) in [
+                (self.meta_path(name), json.into_bytes(), 0o600),
+                (self.pub_path(name), pub_pem.into_bytes(), 0o644),
+                (self.key_path(name), blob.to_pem().into_bytes(), 0o600),
+            ] {
+                let tmp = write_temporary(&target, &data, mode)?;
+                renames.push((file_name_of(&tmp)?, file_name_of(&target)?));
+            }
+            let record = serde_json::to_vec(&CommitRecord {
+                renames: renames.clone(),
+            })
+            .map_err(|e| Error::Keystore(format!("commit record: {e}")))?;
+            atomic_write(&self.commit_path(name), &record, 0o600)
+        })();
+        if let Err(e) = written {
+            for (tmp, _) in &renames {
+                let _ = fs::remove_file(self.dir.join(tmp));
+            }
+            return Err(e);
+        }
+        self.finish_commit(name, &renames)
+    }
+
+    /// `.NAME.commit`: the record of a save under way.
+    fn commit_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!(".{name}.commit"))
+    }
+
+    /// Does the renames a commit record names (those not done yet), makes
+    /// them durable, then removes the record.
+    fn finish_commit(&self, name: &str, renames: &[(String, String)]) -> Result<()> {
+        for (tmp, target) in renames {
+            let (from, to) = (self.dir.join(tmp), self.dir.join(target));
+            match fs::rename(&from, &to) {
+                Ok(()) => {}
+                // Done before a crash: the record outlived it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&to, e)),
+            }
+        }
+        sync_dir(&self.dir)?;
+        let record = self.commit_path(name);
+        match fs::remove_file(&record) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&record, e)),
+        }
+        sync_dir(&self.dir)
+    }
+
+    /// Finishes the save `.NAME.commit` records, if one is there (a run
+    /// killed, or a machine that lost power, between the renames).
+    fn finish_recorded(&self, name: &str) -> Result<()> {
+        let path = self.commit_path(name);
+        let bytes = match trust::read_private_file(&path, "a key's commit record") {
+            Ok(b) => b,
+            Err(Error::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
+        };
+        let damaged = || {
+            Error::Keystore(format!(
+                "{}: a damaged record of a key being saved; the key's files are as the \
+                 interrupted save left them",
+                path.display()
+            ))
+        };
+        let record: CommitRecord = serde_json::from_slice(&bytes).map_err(|_| damaged())?;
+        // Only this key's three names, and temporaries of them beside them.
+        let targets = [
+            file_name_of(&self.meta_path(name))?,
+            file_name_of(&self.pub_path(name))?,
+            file_name_of(&self.key_path(name))?,
+        ];
+        let sound = record.renames.iter().all(|(tmp, target)| {
+            targets.contains(target)
+                && tmp
+                    .strip_prefix('.')
+                    .is_some_and(|t| t.starts_with(target.as_str()))
+                && is_temporary(tmp)
+        });
+        if !sound {
+            return Err(damaged());
+        }
+        self.finish_commit(name, &record.renames)
     }
 
     /// Loads a key and its metadata.  Missing metadata (e.g. files copied in
     /// by hand) is reconstructed from the key file.
     pub fn load(&self, name: &str) -> Result<(KeyBlob, KeyMeta)> {
         validate_name(name)?;
+        // A save that was cut short between its renames is finished first
+        // (under the lock, which also waits for a save under way).
+        if fs::symlink_metadata(self.commit_path(name)).is_ok() {
+            drop(self.lock()?);
+        }
         let path = self.key_path(name);
         // The key file and its metadata (which lists recovery recipients
         // every file for the key is also encrypted to) must be the user's,
@@ -304,25 +422,37 @@ impl Keystore {
         Ok(names)
     }
 
-    /// Deletes a key's files.  The key file goes first so a partial delete
-    /// never leaves a usable key without its metadata.
+    /// Deletes a key's files, under the keystore's lock. The key file goes
+    /// first so a partial delete never leaves a usable key without its
+    /// metadata; a delete cut short after it (the other two left, the key
+    /// invisible) is finished by deleting the name again.
     pub fn delete(&self, name: &str) -> Result<()> {
         validate_name(name)?;
-        if !self.exists(name) {
-            return Err(Error::Keystore(format!("no key named '{name}'")));
-        }
-        for p in [
+        let _lock = self.lock()?;
+        let paths = [
             self.key_path(name),
             self.pub_path(name),
             self.meta_path(name),
-        ] {
+        ];
+        if !paths.iter().any(|p| fs::symlink_metadata(p).is_ok()) {
+            return Err(Error::Keystore(format!("no key named '{name}'")));
+        }
+        for p in paths {
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io(&p, e)),
             }
         }
-        Ok(())
+        sync_dir(&self.dir)
+    }
+
+    /// Whether `name` has files left by a delete that was cut short (its
+    /// key file gone, its metadata or public key still there).
+    pub fn has_leftovers(&self, name: &str) -> bool {
+        !self.exists(name)
+            && (fs::symlink_metadata(self.pub_path(name)).is_ok()
+                || fs::symlink_metadata(self.meta_path(name)).is_ok())
     }
 
     /// Imports a `TSS2 PRIVATE KEY` PEM (e.g. written by
@@ -363,13 +493,6 @@ impl Keystore {
     }
 }
 
-/// Writes `data` to `path` atomically with the given mode: a new file
-/// (`create_new`), fsynced, renamed over `path`, its directory fsynced.
-///
-/// Written here rather than shared with the CLI's `AtomicFile`: that one
-/// lives above this crate and carries what a bulk run needs (temporaries
-/// named for crash clean-up, group commit, owner and mode kept); a key file
-/// is small, written rarely, one at a time.
 /// An exclusive lock on a keystore ([`Keystore::lock`]), released when
 /// dropped.
 #[derive(Debug)]
@@ -377,8 +500,11 @@ pub struct KeystoreLock(#[allow(dead_code)] fs::File);
 
 impl Keystore {
     /// Takes an exclusive lock on the keystore, waiting for another
-    /// holder: a read-modify-write of a key's files (`key add-policy`) done
-    /// under it loses no concurrent change. The lock is `flock` on
+    /// holder: every write of a key's files is done under it, so a
+    /// read-modify-write (`key add-policy`) loses no concurrent change and
+    /// a name is taken by one run only. Once taken, saves cut short are
+    /// finished and temporaries no save will commit are removed
+    /// ([`Keystore::save_locked`]). The lock is `flock` on
     /// `.lock`, a file of the keystore's owner, mode 0600: a directory
     /// that others may read (trusted: not writable by them) would let
     /// another user hold its lock for ever.
@@ -407,7 +533,9 @@ impl Keystore {
         loop {
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(KeystoreLock(file));
+                let lock = KeystoreLock(file);
+                self.tidy(&lock)?;
+                return Ok(lock);
             }
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -417,12 +545,92 @@ impl Keystore {
     }
 }
 
-fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let file_name = path
-        .file_name()
+impl Keystore {
+    /// With the lock held: finishes every recorded save, then removes the
+    /// temporaries left by runs killed before they recorded theirs (no
+    /// other run is writing: writers hold the lock).
+    fn tidy(&self, _lock: &KeystoreLock) -> Result<()> {
+        let names = |dir: &Path| -> Result<Vec<String>> {
+            let rd = fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+            Ok(rd
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect())
+        };
+        for file in names(&self.dir)? {
+            if let Some(name) = file
+                .strip_prefix('.')
+                .and_then(|f| f.strip_suffix(".commit"))
+            {
+                if validate_name(name).is_ok() {
+                    self.finish_recorded(name)?;
+                }
+            }
+        }
+        let mut removed = false;
+        for file in names(&self.dir)? {
+            if file.starts_with('.') && is_temporary(&file) {
+                let path = self.dir.join(&file);
+                // Only a regular file of the keystore's owner (the
+                // directory is trusted: nobody else may write in it).
+                let regular = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+                if regular && fs::remove_file(&path).is_ok() {
+                    removed = true;
+                }
+            }
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a save is about to rename: (temporary, final name), file names in
+/// the keystore directory.
+#[derive(Serialize, Deserialize)]
+struct CommitRecord {
+    renames: Vec<(String, String)>,
+}
+
+/// Whether `file` is named as [`write_temporary`] names its files:
+/// `.NAME….tmpPID.RANDOM` (16 hex digits).
+fn is_temporary(file: &str) -> bool {
+    let Some((head, random)) = file.rsplit_once('.') else {
+        return false;
+    };
+    let Some((_, pid)) = head.rsplit_once(".tmp") else {
+        return false;
+    };
+    random.len() == 16
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+        && !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn file_name_of(path: &Path) -> Result<String> {
+    path.file_name()
         .and_then(|f| f.to_str())
-        .ok_or_else(|| Error::Keystore(format!("bad path {}", path.display())))?;
+        .map(str::to_string)
+        .ok_or_else(|| Error::Keystore(format!("bad path {}", path.display())))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+// Written here rather than shared with the CLI's `AtomicFile`: that one
+// lives above this crate and carries what a bulk run needs (group commit,
+// owner and mode kept); a key file is small, written rarely, one at a time.
+
+/// Writes `data` beside `path` under a temporary name
+/// (`.NAME.tmpPID.RANDOM`, a new file of exactly `mode`), fsynced, and
+/// returns that name.
+fn write_temporary(path: &Path, data: &[u8], mode: u32) -> Result<PathBuf> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let file_name = file_name_of(path)?;
     // A random part too: a run killed before its rename leaves its
     // temporary, and PIDs repeat (a service in its own PID namespace is
     // PID 1 every time), so a PID alone would collide with it for ever.
@@ -443,22 +651,53 @@ fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         // The umask may have narrowed the mode; make it exact.
         f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.write_all(data)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        f.sync_all()
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(Error::io(path, e))
+        }
     }
-    result.map_err(|e| Error::io(path, e))
+}
+
+/// Writes `data` to `path` atomically with the given mode: a temporary
+/// ([`write_temporary`]) renamed over `path`, its directory fsynced.
+fn atomic_write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let tmp = write_temporary(path, data, mode)?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(path, e));
+    }
+    sync_dir(path.parent().unwrap_or_else(|| Path::new(".")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_names_of_temporaries_are_taken_for_them() {
+        for t in [
+            ".k.json.tmp12.0123456789abcdef",
+            ".k.1.key.pem.tmp1.ffffffffffffffff",
+            ".k.commit.tmp99.0000000000000000",
+        ] {
+            assert!(is_temporary(t), "{t}");
+        }
+        for f in [
+            "k.key.pem",
+            ".lock",
+            ".k.commit",
+            ".k.json.tmp.0123456789abcdef",
+            ".k.json.tmp12.0123456789abcde",
+            ".k.json.tmp12.0123456789abcdeg",
+            ".k.json.tmpx2.0123456789abcdef",
+        ] {
+            assert!(!is_temporary(f), "{f}");
+        }
+    }
 
     #[test]
     fn names() {

@@ -53,10 +53,11 @@ fn save_load_list_delete() {
         &z[..]
     );
 
-    // No temp files left behind.
+    // No temp files or commit records left behind (the lock file stays).
     let names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
+        .filter(|n| n != ".lock")
         .collect();
     assert_eq!(names.len(), 3, "{names:?}");
 

@@ -320,6 +320,15 @@ fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
 /// `key delete NAME`: after a confirmation (or `--yes`).
 fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
     if !store.exists(name) {
+        // A delete cut short left the public key or metadata: nothing to
+        // confirm (the key file, the only thing of value, is gone).
+        if store.has_leftovers(name) {
+            store.delete(name)?;
+            crate::ui::stdout::line(&format!(
+                "deleted what was left of {name} (its key file was gone)"
+            ))?;
+            return Ok(crate::ui::exit::OK);
+        }
         return Err(usage(format!("no key named {name:?}")));
     }
     if !confirm_destroy(

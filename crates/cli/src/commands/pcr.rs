@@ -356,7 +356,7 @@ pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
     // Read, add, write back under the keystore's lock: two runs at once
     // would otherwise each write the key file without the other's policy.
-    let _lock = store.lock()?;
+    let lock = store.lock()?;
     let (mut blob, meta) = store.load(name)?;
     if blob.signer()?.is_none() {
         return Err(usage(format!(
@@ -395,7 +395,7 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
         }
     }
     if added > 0 {
-        store.save(name, &blob, &meta, true)?;
+        store.save_locked(&lock, name, &blob, &meta, true)?;
     }
     crate::ui::stdout::line(&format!(
         "key {name}: {added} signed policy(ies) added, {} in all",
