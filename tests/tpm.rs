@@ -676,6 +676,35 @@ fn pcr_extended_after_creation_refuses_only_keys_bound_to_it() {
 
 // ---------------------------------------------------------------- 4. PIN and lockout
 
+/// A file that a key without a PIN opens costs no dictionary-attack try,
+/// whatever PIN is given: that key is tried before the PIN keys, even when
+/// a PIN key comes first by name ("pinned" < "plain") and in the header.
+#[test]
+fn a_key_without_a_pin_is_tried_first() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "pinned", "ecc-p256", &[], true);
+    create_key(d, &t, "plain", "ecc-p256", &[], false);
+    fs::write(d.join("f"), b"either key").unwrap();
+    let r = plain(d, &["encrypt", "-k", "pinned", "-k", "plain", "f"]);
+    assert_ok(&r, "encrypt to both");
+    let before = lockout_counter(&sim, d);
+    for _ in 0..2 {
+        let r = tc_env(
+            d,
+            &t,
+            &[("TPMCRYPT_PIN", "1111")],
+            &["decrypt", "-o", "-", "f.tpmc"],
+        );
+        assert_ok(&r, "decrypt with a wrong PIN for the other key");
+        assert_eq!(r.stdout, b"either key");
+    }
+    assert_eq!(lockout_counter(&sim, d), before, "no try spent");
+    assert_no_handles(&sim, d, "decrypt");
+}
+
 #[test]
 fn wrong_pin_then_dictionary_attack_lockout() {
     let dir = scratch();

@@ -464,7 +464,8 @@ pub fn identity(
 
 /// The identities of a keystore, and the keys left out.
 pub struct KeystoreIdentities {
-    /// One identity per usable key, in name order.
+    /// One identity per usable key: those without a PIN first, each part
+    /// in name order.
     pub identities: Vec<Box<dyn Identity>>,
     /// Keys that could not be loaded (damaged, mismatched), with why.
     pub skipped: Vec<(String, Error)>,
@@ -484,15 +485,20 @@ pub fn keystore_identities(
         identities: Vec::new(),
         skipped: Vec::new(),
     };
+    let mut found = Vec::new();
     for name in store.list()? {
-        let identity = store
-            .load(&name)
-            .and_then(|(blob, meta)| identity(&name, blob, meta.has_pin, access, pins));
+        let identity = store.load(&name).and_then(|(blob, meta)| {
+            identity(&name, blob, meta.has_pin, access, pins).map(|i| (meta.has_pin, i))
+        });
         match identity {
-            Ok(identity) => out.identities.push(identity),
+            Ok(identity) => found.push(identity),
             Err(e) => out.skipped.push((name, e)),
         }
     }
+    // Keys without a PIN first: a file one of them opens costs no
+    // dictionary-attack try, however wrong the PIN given for the others.
+    found.sort_by_key(|(has_pin, _)| *has_pin);
+    out.identities = found.into_iter().map(|(_, i)| i).collect();
     Ok(out)
 }
 
