@@ -705,6 +705,46 @@ fn a_key_without_a_pin_is_tried_first() {
     assert_no_handles(&sim, d, "decrypt");
 }
 
+/// A PIN is one line wherever it comes from: a key made with
+/// `TPMCRYPT_PIN` ending in `\r\n` opens with a PIN file holding the same
+/// line, and no try is spent; a new PIN with a control character in it is
+/// refused before the TPM is asked.
+#[test]
+fn a_pin_is_one_line_from_every_source() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    let r = tc_env(
+        d,
+        &t,
+        &[("TPMCRYPT_PIN", "2468\r\n")],
+        &["key", "create", "k", "--pin"],
+    );
+    assert_ok(&r, "key create with a CRLF PIN");
+    fs::write(d.join("f"), b"one line").unwrap();
+    assert_ok(&plain(d, &["encrypt", "-k", "k", "f"]), "encrypt");
+    fs::write(d.join("pin"), b"2468\n").unwrap();
+    common::chmod(&d.join("pin"), 0o600);
+    let before = lockout_counter(&sim, d);
+    let r = tc(
+        d,
+        &t,
+        &["--pin-file", "pin", "decrypt", "-o", "-", "f.tpmc"],
+    );
+    assert_ok(&r, "decrypt with the PIN from a file");
+    assert_eq!(r.stdout, b"one line");
+    assert_eq!(lockout_counter(&sim, d), before, "no try spent");
+    let r = tc_env(
+        d,
+        &t,
+        &[("TPMCRYPT_PIN", "24\t68")],
+        &["key", "create", "tab", "--pin"],
+    );
+    assert_one_line(&r, USAGE, &["control character"], "a tab in a new PIN");
+    assert_eq!(lockout_counter(&sim, d), before);
+}
+
 #[test]
 fn wrong_pin_then_dictionary_attack_lockout() {
     let dir = scratch();

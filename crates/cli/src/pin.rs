@@ -5,7 +5,8 @@
 //!    `$CREDENTIALS_DIRECTORY/tpmcrypt-pin.NAME` for key NAME, else
 //!    `$CREDENTIALS_DIRECTORY/tpmcrypt-pin`;
 //! 3. `TPMCRYPT_PIN` (the weakest: an environment is inherited by every
-//!    child and readable in /proc by the same user; for tests);
+//!    child and readable in /proc by the same user; for tests), one line
+//!    as a file's (a final `\n` or `\r\n` dropped);
 //! 4. the terminal (`/dev/tty`), without echo;
 //! 5. without a terminal, an askpass program: `TPMCRYPT_ASKPASS`, else
 //!    `SSH_ASKPASS` when `DISPLAY` or `WAYLAND_DISPLAY` is set (as ssh
@@ -25,7 +26,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -109,8 +110,22 @@ impl PinChain {
             return Ok(fixed(f));
         }
         if let Some(pin) = std::env::var_os(ENV_PIN) {
+            // One line, as from a file: a final `\n` or `\r\n` (an env
+            // file written on Windows, `$(cat pinfile)` kept raw) is not
+            // part of the PIN, or a PIN file and the environment would
+            // hold two different PINs for one key.
+            let raw = Zeroizing::new(pin.into_vec());
+            let secret = if raw.is_empty() {
+                Zeroizing::new(Vec::new())
+            } else {
+                one_line(&raw).ok_or_else(|| {
+                    TpmError::PinUnavailable(format!(
+                        "{ENV_PIN} must hold the PIN on one line (at most {MAX_PIN_FILE} bytes)"
+                    ))
+                })?
+            };
             return Ok(Pin {
-                secret: Zeroizing::new(pin.as_bytes().to_vec()),
+                secret,
                 may_retry: false,
                 origin: ENV_PIN.into(),
             });
@@ -155,6 +170,15 @@ pub fn new_pin(ui: &Ui, name: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     let pin = chain.ask(name, &format!("New PIN for key {name}: "))?;
     if pin.secret.is_empty() {
         return Err(usage(format!("empty PIN (from {})", pin.origin)));
+    }
+    // A control character (a stray `\r`, a tab) could not be given the
+    // same way from a file, the environment and a terminal: each wrong
+    // try would cost a dictionary-attack try.
+    if pin.secret.iter().any(|b| b.is_ascii_control()) {
+        return Err(usage(format!(
+            "the new PIN (from {}) holds a control character; use printable characters only",
+            pin.origin
+        )));
     }
     if pin.may_retry {
         let again = chain.ask(name, "Repeat the PIN: ")?;
