@@ -1032,6 +1032,39 @@ fn absent_tpm_is_exit_4_and_names_the_simulator() {
     }
 }
 
+/// A TPM reached without a resource manager whose object slots are full
+/// of what killed programs left (swtpm has three): the error names the
+/// cause and the remedy, in one line, and once freed the run works.
+#[test]
+fn a_tpm_full_of_leftovers_is_named_with_its_remedy() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", "ecc-p256", &[], false);
+    fs::write(d.join("f"), b"full").unwrap();
+    assert_ok(&plain(d, &["encrypt", "-k", "k", "f"]), "encrypt");
+    for i in 0..3 {
+        tpm2_tool(
+            &sim,
+            d,
+            &["tpm2_createprimary", "-C", "o", "-c", &format!("p{i}.ctx")],
+        );
+    }
+    let r = tc(d, &t, &["decrypt", "-o", "-", "f.tpmc"]);
+    assert_one_line(
+        &r,
+        TPM,
+        &["no room left", "tpm2_flushcontext -t"],
+        "decrypt on a full TPM",
+    );
+    assert!(r.stdout.is_empty());
+    tpm2_tool(&sim, d, &["tpm2_flushcontext", "-t"]);
+    let r = tc(d, &t, &["decrypt", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt once freed");
+    assert_eq!(r.stdout, b"full");
+}
+
 // ---------------------------------------------------------------- 6. other TPM
 
 #[test]

@@ -99,6 +99,22 @@ pub enum Error {
         retry_after_secs: Option<u32>,
     },
 
+    /// The TPM has no room for another object or session: on a TPM
+    /// reached without a resource manager (`swtpm:`, `device:/dev/tpm0`),
+    /// programs killed mid-command leave theirs loaded for ever.
+    #[error(
+        "the TPM has no room left for {op} ({detail}): objects or sessions of programs killed \
+         mid-command are still loaded (a TPM reached without a resource manager keeps them). \
+         Free them with `tpm2_flushcontext -t`, then `-l` and `-s`, when no other program uses \
+         the TPM, or reach it through /dev/tpmrm0"
+    )]
+    TpmFull {
+        /// The TPM command.
+        op: &'static str,
+        /// What the TPM said.
+        detail: String,
+    },
+
     /// The key file was made under a different TPM (or the TPM was cleared).
     #[error(
         "this key belongs to a different TPM (or this TPM's owner hierarchy was cleared since the \
@@ -229,6 +245,7 @@ impl Error {
             | Error::WrongPin
             | Error::PinRejected { .. }
             | Error::Lockout { .. }
+            | Error::TpmFull { .. }
             | Error::WrongTpm { .. }
             | Error::WrongParent { .. }
             | Error::PinUnavailable(_)

@@ -46,6 +46,10 @@ pub(crate) const RC_POLICY_FAIL: u32 = 0x09D;
 pub(crate) const RC_INTEGRITY: u32 = 0x09F;
 pub(crate) const RC_BAD_AUTH: u32 = 0x0A2;
 pub(crate) const RC_LOCKOUT: u32 = 0x921;
+/// TPM_RC_OBJECT_MEMORY, TPM_RC_SESSION_MEMORY, TPM_RC_MEMORY: no room.
+pub(crate) const RC_OBJECT_MEMORY: u32 = 0x902;
+pub(crate) const RC_SESSION_MEMORY: u32 = 0x903;
+pub(crate) const RC_MEMORY: u32 = 0x904;
 
 /// TSS layer of TCTI errors (connection problems).
 const LAYER_TCTI: u32 = 0x000A_0000;
@@ -134,6 +138,10 @@ pub(crate) fn classify(op: Op, e: tss_esapi::Error, pcrs: Option<&str>) -> Error
     match (op, raw.and_then(tpm_code)) {
         (_, Some(RC_LOCKOUT)) => Error::Lockout {
             retry_after_secs: None,
+        },
+        (_, Some(RC_OBJECT_MEMORY | RC_SESSION_MEMORY | RC_MEMORY)) => Error::TpmFull {
+            op: op.name(),
+            detail,
         },
         (Op::Load, Some(RC_INTEGRITY)) => Error::WrongTpm { detail },
         (Op::Load, Some(RC_HANDLE)) => Error::WrongTpm {
