@@ -742,6 +742,26 @@ fn a_pin_is_one_line_from_every_source() {
         &["key", "create", "tab", "--pin"],
     );
     assert_one_line(&r, USAGE, &["control character"], "a tab in a new PIN");
+    // Longer than any key's PIN (32 bytes): a usage error naming the file.
+    fs::write(d.join("long"), format!("{}\n", "7".repeat(33))).unwrap();
+    common::chmod(&d.join("long"), 0o600);
+    let r = tc(
+        d,
+        &t,
+        &["--pin-file", "long", "decrypt", "-o", "-", "f.tpmc"],
+    );
+    assert_one_line(
+        &r,
+        USAGE,
+        &["long", "at most 32 bytes"],
+        "decrypt, long PIN",
+    );
+    let r = tc(
+        d,
+        &t,
+        &["--pin-file", "long", "key", "create", "l", "--pin"],
+    );
+    assert_one_line(&r, USAGE, &["long", "at most 32 bytes"], "create, long PIN");
     assert_eq!(lockout_counter(&sim, d), before);
 }
 

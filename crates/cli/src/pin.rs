@@ -32,6 +32,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use tpmcrypt_tpmkey::identity::{Pin, PinSource, Pins, MAX_TYPED_PINS};
+use tpmcrypt_tpmkey::tpm::MAX_PIN_LEN;
 use tpmcrypt_tpmkey::Error as TpmError;
 use zeroize::Zeroizing;
 
@@ -170,6 +171,9 @@ pub fn new_pin(ui: &Ui, name: &str) -> anyhow::Result<Zeroizing<Vec<u8>>> {
     let pin = chain.ask(name, &format!("New PIN for key {name}: "))?;
     if pin.secret.is_empty() {
         return Err(usage(format!("empty PIN (from {})", pin.origin)));
+    }
+    if let Some(why) = too_long(&pin.secret) {
+        return Err(usage(format!("{why} (from {})", pin.origin)));
     }
     // A control character (a stray `\r`, a tab) could not be given the
     // same way from a file, the environment and a terminal: each wrong
@@ -316,11 +320,27 @@ pub fn read_pin_file(
     file.take(MAX_PIN_FILE + 1)
         .read_to_end(&mut data)
         .map_err(|e| usage(format!("{at}: cannot read {what}: {e}")))?;
-    one_line(&data).ok_or_else(|| {
+    let pin = one_line(&data).ok_or_else(|| {
         usage(format!(
             "{at}: {what} must hold the PIN on one line (non-empty, at most {MAX_PIN_FILE} \
              bytes)"
         ))
+    })?;
+    if let Some(why) = too_long(&pin) {
+        return Err(usage(format!("{at}: {why}")));
+    }
+    Ok(pin)
+}
+
+/// Why `pin` can be no key's PIN, if it is longer than a TPM takes (a
+/// key's authValue is at most its name digest, 32 bytes): refused before
+/// the TPM is asked, as a usage error.
+fn too_long(pin: &[u8]) -> Option<String> {
+    (pin.len() > MAX_PIN_LEN).then(|| {
+        format!(
+            "the PIN is {} bytes long; a TPM key's PIN is at most {MAX_PIN_LEN} bytes",
+            pin.len()
+        )
     })
 }
 
