@@ -1812,23 +1812,7 @@ fn stats_json_replaces_only_figures() {
         ("notes.txt", "neither empty nor figures"),
         ("link.json", "a symbolic link"),
     ] {
-        let r = run_within(
-            d,
-            &[
-                "watch",
-                "src",
-                "--out",
-                "dest",
-                "-R",
-                &s.recipient,
-                "--stats-json",
-                path,
-            ],
-            30,
-        );
-        assert_eq!(r.code, 2, "{path}: {}", r.stderr);
-        assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
-        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        refused_at_start(&s, "--stats-json", path, why);
     }
     let meta = fs::symlink_metadata(d.join("null")).expect("null");
     assert!(std::os::unix::fs::FileTypeExt::is_char_device(
@@ -1863,6 +1847,25 @@ fn stats_json_replaces_only_figures() {
     }
 }
 
+/// `watch … FLAG PATH` is refused at start: exit 2 and one line that says
+/// `why` (a daemon that starts instead fails the test, not hangs it).
+fn refused_at_start(s: &Scratch, flag: &str, path: &str, why: &str) {
+    let args = [
+        "watch",
+        "src",
+        "--out",
+        "dest",
+        "-R",
+        &s.recipient,
+        flag,
+        path,
+    ];
+    let r = run_within(s.path(), &args, 30);
+    assert_eq!(r.code, 2, "{flag} {path}: {}", r.stderr);
+    assert!(r.stderr.contains(why), "{flag} {path}: {}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+}
+
 /// `--log` appends only to a log: a typo naming a key, notes or a block
 /// device is refused at start (exit 2, one line) and left as it was; a
 /// log of an earlier run is appended to; a key moved onto the name before
@@ -1887,23 +1890,7 @@ fn a_log_is_appended_only_to_a_log() {
         ("disk", "a device"),
         ("/dev/stdin", "names standard input"),
     ] {
-        let r = run_within(
-            d,
-            &[
-                "watch",
-                "src",
-                "--out",
-                "dest",
-                "-R",
-                &s.recipient,
-                "--log",
-                path,
-            ],
-            30,
-        );
-        assert_eq!(r.code, 2, "{path}: {}", r.stderr);
-        assert!(r.stderr.contains(why), "{path}: {}", r.stderr);
-        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        refused_at_start(&s, "--log", path, why);
     }
     assert_eq!(fs::read(d.join("notes.txt")).expect("notes"), b"precious");
     assert!(!d.join("dest").exists(), "nothing made before the refusal");
