@@ -784,8 +784,65 @@ fn no_dir() -> io::Error {
 /// file systems known to write back on `syncfs` (by `statfs` type). FUSE
 /// (sshfs, ntfs-3g, gocryptfs, bindfs) does not pass it to its server,
 /// nor does a network file system reliably; those, and every unknown
-/// type, get an `fsync` per file.
+/// type, get an `fsync` per file. So does ext2, or ext4 made without a
+/// journal ([`ext4_has_journal`]): there a batch's removals and the next
+/// batch's writes reach the disk in any order, and a power cut left an
+/// original under its name holding another file's blocks (a crash test on
+/// such a file system, `docs/reliability.md` row 33).
 pub fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    if !syncfs_kind_is_durable(fd) {
+        return false;
+    }
+    let Ok(meta) = fstat_of(fd) else {
+        return false;
+    };
+    ext4_has_journal(meta.dev(), Path::new("/sys"), Path::new("/proc"))
+}
+
+fn fstat_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<fs::Metadata> {
+    let owned = fd.try_clone_to_owned()?;
+    File::from(owned).metadata()
+}
+
+/// Whether the file system on device `dev`, if the kernel's ext4 driver
+/// mounts it, keeps a journal: `/proc/fs/ext4/NAME/options` lists a
+/// `data=` mode only then (NAME, the block device's, from
+/// `/sys/dev/block/MAJ:MIN/uevent`). True for a device the ext4 driver does
+/// not show (another file system, or no `/proc` or `/sys` to read):
+/// only a mount found without a journal is told apart. The answer for a
+/// device is kept for the run.
+pub fn ext4_has_journal(dev: u64, sys: &Path, proc: &Path) -> bool {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashMap<u64, bool>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if sys == Path::new("/sys") {
+        if let Some(&known) = seen.get_or_insert_with(HashMap::new).get(&dev) {
+            return known;
+        }
+    }
+    let read = |p: PathBuf| fs::read_to_string(p).ok();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let journal = read(sys.join(format!("dev/block/{major}:{minor}/uevent")))
+        .and_then(|uevent| {
+            uevent
+                .lines()
+                .find_map(|l| l.strip_prefix("DEVNAME="))
+                .map(str::to_string)
+        })
+        // The kernel names a superblock `cciss!c0d0p1` for `cciss/c0d0p1`.
+        .map(|name| name.replace('/', "!"))
+        .filter(|name| !name.is_empty() && name != "." && name != "..")
+        .and_then(|name| read(proc.join("fs/ext4").join(name).join("options")))
+        .map_or(true, |options| options.lines().any(|l| l.starts_with("data=")));
+    if sys == Path::new("/sys") {
+        seen.get_or_insert_with(HashMap::new).insert(dev, journal);
+    }
+    journal
+}
+
+fn syncfs_kind_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
     const KNOWN: [u64; 8] = [
         0xEF53,      // ext2, ext3, ext4
@@ -1449,6 +1506,50 @@ pub fn pid_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ext4 without a journal (its options list no `data=` mode) is told
+    /// apart; one with a journal, or a device the ext4 driver does not
+    /// show, is not.
+    #[test]
+    fn an_ext4_without_a_journal_is_told_apart() {
+        let root = tempfile::tempdir().unwrap();
+        let (sys, proc) = (root.path().join("sys"), root.path().join("proc"));
+        let dev = |major: u32, minor: u32, name: &str, options: Option<&str>| {
+            let d = sys.join(format!("dev/block/{major}:{minor}"));
+            fs::create_dir_all(&d).unwrap();
+            fs::write(
+                d.join("uevent"),
+                format!("MAJOR={major}\nMINOR={minor}\nDEVNAME={name}\n"),
+            )
+            .unwrap();
+            if let Some(options) = options {
+                let p = proc.join("fs/ext4").join(name.replace('/', "!"));
+                fs::create_dir_all(&p).unwrap();
+                fs::write(p.join("options"), options).unwrap();
+            }
+            libc::makedev(major, minor)
+        };
+        let journaled = dev(7, 1, "loop1", Some("rw\nbarrier\ndata=ordered\ncommit=5\n"));
+        let bare = dev(
+            7,
+            2,
+            "loop2",
+            Some("rw\nnojournal_checksum\nbarrier\ncommit=5\n"),
+        );
+        let other = dev(8, 1, "sda1", None);
+        let slashed = dev(104, 1, "cciss/c0d0p1", Some("rw\n"));
+        assert!(ext4_has_journal(journaled, &sys, &proc));
+        assert!(!ext4_has_journal(bare, &sys, &proc));
+        assert!(!ext4_has_journal(slashed, &sys, &proc));
+        assert!(
+            ext4_has_journal(other, &sys, &proc),
+            "not ext4's: as before"
+        );
+        assert!(
+            ext4_has_journal(libc::makedev(9, 9), &sys, &proc),
+            "unknown device"
+        );
+    }
     use std::io::Write;
 
     #[test]
