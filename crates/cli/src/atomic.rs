@@ -791,14 +791,28 @@ fn no_dir() -> io::Error {
 /// such a file system, `docs/reliability.md` row 33).
 pub fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::unix::fs::MetadataExt as _;
-    if !syncfs_kind_is_durable(fd) {
-        return false;
+    match fs_kind(fd) {
+        Some(EXT_MAGIC) => fstat_of(fd)
+            .is_ok_and(|meta| ext4_has_journal(meta.dev(), Path::new("/sys"), Path::new("/proc"))),
+        Some(kind) => SYNCFS_DURABLE.contains(&kind),
+        None => false,
     }
-    let Ok(meta) = fstat_of(fd) else {
-        return false;
-    };
-    ext4_has_journal(meta.dev(), Path::new("/sys"), Path::new("/proc"))
 }
+
+/// ext2, ext3 and ext4 (one `statfs` type).
+const EXT_MAGIC: u64 = 0xEF53;
+
+/// File systems known to write back on `syncfs` (ext: when journaled).
+const SYNCFS_DURABLE: [u64; 8] = [
+    EXT_MAGIC,
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0xF2F5_2010, // f2fs
+    0x2FC1_2FC1, // zfs
+    0x0102_1994, // tmpfs (nothing to write back)
+    0x8584_58F6, // ramfs (nothing to write back)
+    0x794C_7630, // overlayfs: syncs its upper file system
+];
 
 fn fstat_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<fs::Metadata> {
     let owned = fd.try_clone_to_owned()?;
@@ -835,33 +849,25 @@ pub fn ext4_has_journal(dev: u64, sys: &Path, proc: &Path) -> bool {
         .map(|name| name.replace('/', "!"))
         .filter(|name| !name.is_empty() && name != "." && name != "..")
         .and_then(|name| read(proc.join("fs/ext4").join(name).join("options")))
-        .map_or(true, |options| options.lines().any(|l| l.starts_with("data=")));
+        .map_or(true, |options| {
+            options.lines().any(|l| l.starts_with("data="))
+        });
     if sys == Path::new("/sys") {
         seen.get_or_insert_with(HashMap::new).insert(dev, journal);
     }
     journal
 }
 
-fn syncfs_kind_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+/// `statfs` type of `fd`'s file system.
+fn fs_kind(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
     use std::os::fd::AsRawFd;
-    const KNOWN: [u64; 8] = [
-        0xEF53,      // ext2, ext3, ext4
-        0x5846_5342, // xfs
-        0x9123_683E, // btrfs
-        0xF2F5_2010, // f2fs
-        0x2FC1_2FC1, // zfs
-        0x0102_1994, // tmpfs (nothing to write back)
-        0x8584_58F6, // ramfs (nothing to write back)
-        0x794C_7630, // overlayfs: syncs its upper file system
-    ];
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: fstatfs on a valid descriptor into a buffer of its type.
     if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return false;
+        return None;
     }
     // SAFETY: initialised by the successful fstatfs.
-    let kind = unsafe { st.assume_init() }.f_type as u64 & 0xFFFF_FFFF;
-    KNOWN.contains(&kind)
+    Some(unsafe { st.assume_init() }.f_type as u64 & 0xFFFF_FFFF)
 }
 
 fn exists(dest: &Path) -> io::Error {
@@ -1557,7 +1563,9 @@ mod tests {
         // As for a user without the capability on a kernel before 6.10:
         // every later link in this process takes the /proc path.
         EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed);
-        let d = tempfile::tempdir().unwrap();
+        // tmpfs takes O_TMPFILE and syncfs (the root file system may be
+        // ext4 without a journal, where outputs are named temporaries).
+        let d = tempfile::tempdir_in("/dev/shm").unwrap();
         let dest = d.path().join("out");
         let mut f = AtomicFile::create_unnamed(&dest, 0o640, false).unwrap();
         assert!(f.unnamed, "this file system takes O_TMPFILE");
