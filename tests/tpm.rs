@@ -1598,6 +1598,122 @@ fn keystore_writes_are_locked_and_never_half_done() {
     drop(sim);
 }
 
+/// Readers see one version of a key, and a save cut short is finished
+/// wherever the key is next used. A reader waits for a writer holding the
+/// keystore's lock (it read the old key file beside the new metadata, and
+/// `encrypt -k` failed with "changed by something other than tpmcrypt").
+/// A `key create` killed between its renames leaves a key that `encrypt -k`
+/// finds (it said "no key named") and that `key delete` does not remove
+/// without a confirmation (it was taken for leftovers and deleted). A
+/// commit record naming a symlink is refused, and the key file kept.
+/// `key add-policy` reading a FIFO does not hold the lock.
+#[test]
+fn keystore_readers_and_interrupted_saves() {
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let tcti = sim.tcti();
+    let ks = keystore(d);
+    create_key(d, &tcti, "k", "ecc-p256", &[], false);
+    fs::write(d.join("f"), b"f").unwrap();
+
+    // A writer holds the lock for 1.5 s: the reader waits for it.
+    let holder = Command::new("flock")
+        .args(["-x", ks.join(".lock").to_str().unwrap(), "sleep", "1.5"])
+        .spawn()
+        .expect("flock (util-linux)");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    assert_ok(
+        &plain(d, &["encrypt", "-k", "k", "-o", "f1.tpmc", "f"]),
+        "encrypt -k",
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "did not wait for the writer"
+    );
+    let mut holder = holder;
+    holder.wait().unwrap();
+
+    // `key create n` killed at its 3rd rename: record and n.json there.
+    let killed = common::wrapper(d, "strace")
+        .args([
+            "-f",
+            "-qq",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=rename,renameat,renameat2",
+        ])
+        .args([
+            "-e",
+            "inject=rename,renameat,renameat2:signal=SIGKILL:when=3",
+        ])
+        .arg(common::bin())
+        .args(["--tpm", &tcti, "key", "create", "n"])
+        .output()
+        .expect("strace");
+    assert!(!killed.status.success());
+    assert!(ks.join(".n.commit").exists() && !ks.join("n.key.pem").exists());
+    let r = plain(d, &["key", "delete", "n"]);
+    assert_eq!(r.code, USAGE, "a key, not leftovers: {}", r.stderr);
+    assert_ok(
+        &plain(d, &["encrypt", "-k", "n", "-o", "f2.tpmc", "f"]),
+        "encrypt -k n",
+    );
+    assert!(ks.join("n.key.pem").exists() && !ks.join(".n.commit").exists());
+
+    // A record that names a symlink as a temporary: refused, key kept.
+    let key = fs::read(ks.join("k.key.pem")).unwrap();
+    fs::write(d.join("victim"), b"not a key").unwrap();
+    let tmp = ".k.key.pem.tmp2.0123456789abcdef";
+    std::os::unix::fs::symlink(d.join("victim"), ks.join(tmp)).unwrap();
+    fs::write(
+        ks.join(".k.commit"),
+        format!("{{\"renames\":[[\"{tmp}\",\"k.key.pem\"]]}}"),
+    )
+    .unwrap();
+    common::chmod(&ks.join(".k.commit"), 0o600);
+    let r = plain(d, &["encrypt", "-k", "k", "-o", "f3.tpmc", "f"]);
+    assert_ne!(r.code, OK);
+    assert!(
+        r.stderr.contains("damaged record") && r.stderr.contains("remove it"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fs::read(ks.join("k.key.pem")).unwrap(), key);
+    fs::remove_file(ks.join(".k.commit")).unwrap();
+    fs::remove_file(ks.join(tmp)).unwrap();
+
+    // add-policy held on a FIFO does not hold the keystore.
+    let fifo = d.join("policy.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut stuck = tpmcrypt(d)
+        .args(["key", "add-policy", "k", fifo.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("add-policy");
+    std::thread::sleep(Duration::from_millis(300));
+    let child = tpmcrypt(d)
+        .args(["--tpm", &tcti, "key", "create", "y"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("key create");
+    let r = common::finished_by(
+        child,
+        Instant::now() + Duration::from_secs(20),
+        "key create",
+    );
+    let _ = stuck.kill();
+    let _ = stuck.wait();
+    assert_ok(&r, "key create while add-policy waits on a FIFO");
+    drop(sim);
+}
+
 // ---------------------------------------------------------------- fallback
 
 /// A keystore key the TPM refuses (PCRs changed) or that would need a PIN

@@ -513,7 +513,7 @@ pub fn p256_key_recipients(
     name: &str,
 ) -> Result<Option<Vec<Box<dyn Recipient>>>> {
     use p256::pkcs8::EncodePublicKey as _;
-    let (blob, meta) = store.load(name)?;
+    let (blob, meta, pub_pem) = store.load_with_public(name)?;
     if blob.alg()? != KeyAlg::EccP256 {
         return Ok(None);
     }
@@ -523,7 +523,7 @@ pub fn p256_key_recipients(
     let der = public
         .to_public_key_der()
         .map_err(|e| Error::KeyFile(format!("key {name}: {e}")))?;
-    if let Some(pem) = store.public_pem(name)? {
+    if let Some(pem) = pub_pem {
         let same = pem_rfc7468::decode_vec(&pem)
             .is_ok_and(|(label, theirs)| label == "PUBLIC KEY" && theirs == der.as_bytes());
         if !same {

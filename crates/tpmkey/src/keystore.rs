@@ -188,9 +188,10 @@ impl Keystore {
         self.dir.join(format!("{name}.json"))
     }
 
-    /// Whether a key with this name exists.
+    /// Whether a key with this name exists (or is being saved: a save cut
+    /// short is finished by the next load or write).
     pub fn exists(&self, name: &str) -> bool {
-        self.key_path(name).exists()
+        self.key_path(name).exists() || fs::symlink_metadata(self.commit_path(name)).is_ok()
     }
 
     /// Saves a key; fails if the name is taken unless `overwrite`. Takes
@@ -300,8 +301,8 @@ impl Keystore {
         };
         let damaged = || {
             Error::Keystore(format!(
-                "{}: a damaged record of a key being saved; the key's files are as the \
-                 interrupted save left them",
+                "{}: a damaged record of a key being saved (the key's files are as the \
+                 interrupted save left them); remove it to use them as they are",
                 path.display()
             ))
         };
@@ -312,12 +313,21 @@ impl Keystore {
             file_name_of(&self.pub_path(name))?,
             file_name_of(&self.key_path(name))?,
         ];
+        // A temporary still to rename must be a regular file of the
+        // keystore's owner: never a symlink renamed over a key file.
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let ours = |tmp: &str| match fs::symlink_metadata(self.dir.join(tmp)) {
+            Ok(m) => m.is_file() && std::os::unix::fs::MetadataExt::uid(&m) == me,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
         let sound = record.renames.iter().all(|(tmp, target)| {
             targets.contains(target)
                 && tmp
                     .strip_prefix('.')
                     .is_some_and(|t| t.starts_with(target.as_str()))
                 && is_temporary(tmp)
+                && ours(tmp)
         });
         if !sound {
             return Err(damaged());
@@ -328,12 +338,41 @@ impl Keystore {
     /// Loads a key and its metadata.  Missing metadata (e.g. files copied in
     /// by hand) is reconstructed from the key file.
     pub fn load(&self, name: &str) -> Result<(KeyBlob, KeyMeta)> {
+        self.load_with_public(name)
+            .map(|(blob, meta, _)| (blob, meta))
+    }
+
+    /// [`Keystore::load`], and `NAME.pub.pem` if it exists, all three read
+    /// as one version: under a shared lock, so a save under way (which
+    /// holds the lock) is waited for, never seen half done. A save that
+    /// was cut short is finished first.
+    pub fn load_with_public(&self, name: &str) -> Result<(KeyBlob, KeyMeta, Option<Vec<u8>>)> {
         validate_name(name)?;
-        // A save that was cut short between its renames is finished first
-        // (under the lock, which also waits for a save under way).
         if fs::symlink_metadata(self.commit_path(name)).is_ok() {
-            drop(self.lock()?);
+            drop(self.lock().map_err(|e| self.pending(name, e))?);
         }
+        let _shared = self.shared_lock()?;
+        self.read_key(name)
+    }
+
+    /// [`Keystore::load`] by a caller holding the lock (which
+    /// [`Keystore::lock`] has tidied: no save is pending).
+    pub fn load_locked(&self, _lock: &KeystoreLock, name: &str) -> Result<(KeyBlob, KeyMeta)> {
+        validate_name(name)?;
+        self.read_key(name).map(|(blob, meta, _)| (blob, meta))
+    }
+
+    /// The error for a save of `name` left pending that this run cannot
+    /// finish (a keystore it may not write, a damaged record).
+    fn pending(&self, name: &str, cause: Error) -> Error {
+        Error::Keystore(format!(
+            "a save of key '{name}' was cut short and cannot be finished ({cause}); run a \
+             `tpmcrypt key` command as the keystore's owner, with {} writable",
+            self.dir.display()
+        ))
+    }
+
+    fn read_key(&self, name: &str) -> Result<(KeyBlob, KeyMeta, Option<Vec<u8>>)> {
         let path = self.key_path(name);
         // The key file and its metadata (which lists recovery recipients
         // every file for the key is also encrypted to) must be the user's,
@@ -361,7 +400,8 @@ impl Keystore {
             Err(e) if not_found(&e) => KeyMeta::for_key(name, &blob)?,
             Err(e) => return Err(e),
         };
-        Ok((blob, meta))
+        let public = self.public_pem(name)?;
+        Ok((blob, meta, public))
     }
 
     /// The public key of `name` as a SubjectPublicKeyInfo (DER), taken
@@ -369,9 +409,9 @@ impl Keystore {
     /// compared with it: a copy that differs (replaced by something other
     /// than tpmcrypt) is refused rather than trusted or ignored.
     pub fn public_key_der(&self, name: &str) -> Result<(Vec<u8>, KeyMeta)> {
-        let (blob, meta) = self.load(name)?;
+        let (blob, meta, public) = self.load_with_public(name)?;
         let der = blob.public_key_der()?;
-        if let Some(pem) = self.public_pem(name)? {
+        if let Some(pem) = public {
             let theirs = openssl::pkey::PKey::public_key_from_pem(&pem)
                 .and_then(|k| k.public_key_to_der())
                 .ok();
@@ -447,6 +487,30 @@ impl Keystore {
         sync_dir(&self.dir)
     }
 
+    /// Deletes the files a delete cut short left of `name` (its metadata,
+    /// its public key), under the lock. If the key turns out to exist once
+    /// the lock is held (a save that was under way, or cut short and now
+    /// finished), nothing is deleted: that is a key, for `delete` after a
+    /// confirmation.
+    pub fn delete_leftovers(&self, name: &str) -> Result<()> {
+        validate_name(name)?;
+        let _lock = self.lock()?;
+        if self.key_path(name).exists() {
+            return Err(Error::Keystore(format!(
+                "key '{name}' exists (a save of it was under way or cut short, and is \
+                 finished); deleting it needs a confirmation"
+            )));
+        }
+        for p in [self.pub_path(name), self.meta_path(name)] {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(&p, e)),
+            }
+        }
+        sync_dir(&self.dir)
+    }
+
     /// Whether `name` has files left by a delete that was cut short (its
     /// key file gone, its metadata or public key still there).
     pub fn has_leftovers(&self, name: &str) -> bool {
@@ -509,17 +573,66 @@ impl Keystore {
     /// that others may read (trusted: not writable by them) would let
     /// another user hold its lock for ever.
     pub fn lock(&self) -> Result<KeystoreLock> {
+        let Some(lock) = self.lock_file(true)? else {
+            return Err(Error::Keystore(format!(
+                "no lock file in {}",
+                self.dir.display()
+            )));
+        };
+        self.tidy(&lock)?;
+        Ok(lock)
+    }
+
+    /// A shared lock for reading a key's files as one version; `None` where
+    /// no lock file exists and none can be made (a keystore this run may
+    /// not write, which no save can change either).
+    fn shared_lock(&self) -> Result<Option<KeystoreLock>> {
+        self.lock_file(false)
+    }
+
+    fn lock_file(&self, exclusive: bool) -> Result<Option<KeystoreLock>> {
         use std::os::unix::io::AsRawFd;
         let path = self.dir.join(".lock");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
+        let open = |write: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(write)
+                .create(write)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&path)
+        };
+        // A reader opens the lock file to read (an flock needs no more),
+        // and makes it only where it is missing.
+        let file = match exclusive {
+            true => open(true),
+            false => match open(false) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => open(true),
+                other => other,
+            },
+        };
+        let file = match file {
+            Ok(f) => f,
+            // No lock file, and none can be made here: nor can a save.
+            Err(e)
+                if !exclusive
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::EROFS | libc::EPERM)
+                    )
+                    && fs::symlink_metadata(&path).is_err() =>
+            {
+                return Ok(None)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(Error::Keystore(format!(
+                    "{} is a symbolic link, not the keystore's lock file",
+                    path.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
         if !meta.is_file() {
             return Err(Error::Keystore(format!(
@@ -528,14 +641,19 @@ impl Keystore {
             )));
         }
         trust::check_owned(&path, &meta, "the keystore's lock file")?;
-        file.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::io(&path, e))?;
+        if exclusive {
+            file.set_permissions(fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::io(&path, e))?;
+        }
+        let how = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
         loop {
             // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                let lock = KeystoreLock(file);
-                self.tidy(&lock)?;
-                return Ok(lock);
+            if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
+                return Ok(Some(KeystoreLock(file)));
             }
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {

@@ -323,7 +323,7 @@ fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
         // A delete cut short left the public key or metadata: nothing to
         // confirm (the key file, the only thing of value, is gone).
         if store.has_leftovers(name) {
-            store.delete(name)?;
+            store.delete_leftovers(name)?;
             crate::ui::stdout::line(&format!(
                 "deleted what was left of {name} (its key file was gone)"
             ))?;

@@ -354,16 +354,10 @@ pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String
 /// checked in software first (the key's signer, a valid signature, the
 /// key's PCR selection).
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
-    // Read, add, write back under the keystore's lock: two runs at once
-    // would otherwise each write the key file without the other's policy.
-    let lock = store.lock()?;
-    let (mut blob, meta) = store.load(name)?;
-    if blob.signer()?.is_none() {
-        return Err(usage(format!(
-            "key {name} was not created with a PCR signer (key create --pcr-signer)"
-        )));
-    }
-    let mut added = 0;
+    // The policy files are read and parsed first: a FIFO or a slow pipe
+    // must not hold the keystore's lock (every write, and every load of a
+    // key whose save was cut short, waits for it).
+    let mut policies = Vec::with_capacity(files.len());
     for file in files {
         let text = String::from_utf8(read_small(file)?).map_err(|_| {
             usage(format!(
@@ -373,6 +367,19 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
         })?;
         let policy = SignedPolicy::from_pem(&text)
             .map_err(|e| usage(format!("{}: {e}", crate::ui::shown(file))))?;
+        policies.push((file, policy));
+    }
+    // Read, add, write back under the keystore's lock: two runs at once
+    // would otherwise each write the key file without the other's policy.
+    let lock = store.lock()?;
+    let (mut blob, meta) = store.load_locked(&lock, name)?;
+    if blob.signer()?.is_none() {
+        return Err(usage(format!(
+            "key {name} was not created with a PCR signer (key create --pcr-signer)"
+        )));
+    }
+    let mut added = 0;
+    for (file, policy) in policies {
         if let Some(want) = meta.pcr_selection()? {
             if want != policy.selection {
                 return Err(usage(format!(
