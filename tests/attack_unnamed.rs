@@ -28,7 +28,7 @@ fn mkfifo(path: &Path) {
 /// link by path followed the symlink.
 #[test]
 fn an_output_is_never_linked_into_a_directory_swapped_in_mid_run() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch("tpmcrypt-unnamed-");
     let d = dir.path();
     let r = recovery(d, "id");
     fs::create_dir(d.join("out")).unwrap();
@@ -80,7 +80,7 @@ fn an_output_is_never_linked_into_a_directory_swapped_in_mid_run() {
 /// dropped the `/` and the `/.`).
 #[test]
 fn an_output_named_with_a_trailing_slash_is_refused_and_nothing_is_made() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch("tpmcrypt-unnamed-");
     let d = dir.path();
     let r = recovery(d, "id");
     fs::write(d.join("f"), b"hello").unwrap();
@@ -107,7 +107,7 @@ fn an_output_named_with_a_trailing_slash_is_refused_and_nothing_is_made() {
 /// original stays, beside its output in the directory it was in.
 #[test]
 fn an_in_place_batch_whose_directory_is_swapped_keeps_every_original() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::scratch("tpmcrypt-unnamed-");
     let d = dir.path();
     let r = recovery(d, "id");
     fs::create_dir(d.join("tree")).unwrap();

@@ -32,7 +32,9 @@ const PARTIAL_MARKER: &str = ".tpmcrypt-partial.";
 /// A scratch directory holding a recovery identity `id`; returns the
 /// directory and the identity's recipient string.
 fn scratch() -> (TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    // tmpfs, as common::scratch: this machine's /tmp may be ext4 without
+    // a journal, where every output is fsynced on its own (no batches).
+    let dir = common::scratch("tpmcrypt-cli-");
     let r = recovery(dir.path(), "id");
     (dir, r)
 }

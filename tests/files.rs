@@ -15,7 +15,8 @@ use common::{assert_error_line, assert_ok, finished_by, recovery, run, tpmcrypt,
 /// A scratch directory holding a recovery identity `id`; returns the
 /// directory and the identity's recipient string.
 fn scratch() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("tempdir");
+    // tmpfs (see common::scratch): batches, not an fsync per output.
+    let dir = common::scratch("tpmcrypt-files-");
     let r = recovery(dir.path(), "id");
     (dir, r)
 }

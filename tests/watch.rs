@@ -26,7 +26,8 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> Scratch {
-        let dir = tempfile::tempdir().expect("tempdir");
+        // tmpfs (see common::scratch): batches, not an fsync per output.
+        let dir = common::scratch("tpmcrypt-watch-");
         let recipient = recovery(dir.path(), "id");
         fs::create_dir(dir.path().join("src")).expect("mkdir src");
         Scratch { dir, recipient }

@@ -354,9 +354,17 @@ pub fn show_signer(store: &Keystore, name: &str) -> anyhow::Result<Option<String
 /// checked in software first (the key's signer, a valid signature, the
 /// key's PCR selection).
 pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::Result<i32> {
-    // The policy files are read and parsed first: a FIFO or a slow pipe
-    // must not hold the keystore's lock (every write, and every load of a
-    // key whose save was cut short, waits for it).
+    // The key is looked at first (a missing key, or one without a signer,
+    // is said before its files are), then the policy files are read and
+    // parsed before the keystore's lock is taken: a FIFO or a slow pipe
+    // must not hold it (every write, and every load of a key whose save
+    // was cut short, waits for it).
+    let (first, _) = store.load(name)?;
+    if first.signer()?.is_none() {
+        return Err(usage(format!(
+            "key {name} was not created with a PCR signer (key create --pcr-signer)"
+        )));
+    }
     let mut policies = Vec::with_capacity(files.len());
     for file in files {
         let text = String::from_utf8(read_small(file)?).map_err(|_| {
