@@ -132,13 +132,20 @@ impl AtomicFile {
     ///
     /// `known_absent`: the caller saw `dest`'s directory without it a
     /// moment ago, so it is not looked up again (if it appeared since, the
-    /// commit still refuses to replace it).
-    pub fn create_unnamed(dest: &Path, mode: u32, known_absent: bool) -> io::Result<Self> {
+    /// commit still refuses to replace it). `durable`: the output is to be
+    /// made durable; one that is not (`--no-sync`) is written with no name
+    /// wherever the file system takes `O_TMPFILE`, `syncfs` or not.
+    pub fn create_unnamed(
+        dest: &Path,
+        mode: u32,
+        known_absent: bool,
+        durable: bool,
+    ) -> io::Result<Self> {
         let (dir, name) = match known_absent {
             true => name_of(dest)?,
             false => check_dest(dest, false)?,
         };
-        match open_unnamed(dir)? {
+        match open_unnamed(dir, durable)? {
             Some((file, dir)) => {
                 file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))?;
                 Ok(AtomicFile {
@@ -658,7 +665,7 @@ impl OutputDir {
 /// directory it is in, or None where that cannot be used: the file system
 /// does not take it, or is not one whose `syncfs` makes it durable, or
 /// `/proc/self/fd` is not there to give it a name later.
-fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
+fn open_unnamed(dir: &Path, durable: bool) -> io::Result<Option<(File, Arc<OutputDir>)>> {
     use std::sync::OnceLock;
     static PROC_FD: OnceLock<bool> = OnceLock::new();
     if !*PROC_FD.get_or_init(|| Path::new("/proc/self/fd").is_dir()) {
@@ -685,7 +692,7 @@ fn open_unnamed(dir: &Path) -> io::Result<Option<(File, Arc<OutputDir>)>> {
         }
     };
     // On the directory's file system, whose kind was asked once.
-    Ok(out_dir.syncfs_durable.then_some((file, out_dir)))
+    Ok((out_dir.syncfs_durable || !durable).then_some((file, out_dir)))
 }
 
 /// Gives the unnamed `file` its first name: `dest`'s file name in `dir`,
@@ -1567,7 +1574,7 @@ mod tests {
         // ext4 without a journal, where outputs are named temporaries).
         let d = tempfile::tempdir_in("/dev/shm").unwrap();
         let dest = d.path().join("out");
-        let mut f = AtomicFile::create_unnamed(&dest, 0o640, false).unwrap();
+        let mut f = AtomicFile::create_unnamed(&dest, 0o640, false, true).unwrap();
         assert!(f.unnamed, "this file system takes O_TMPFILE");
         f.file().write_all(b"data").unwrap();
         f.commit().unwrap();
@@ -1578,7 +1585,8 @@ mod tests {
             0o640
         );
         // And it never replaces a name taken meanwhile.
-        let mut g = AtomicFile::create_unnamed(&dest.with_extension("b"), 0o600, false).unwrap();
+        let mut g =
+            AtomicFile::create_unnamed(&dest.with_extension("b"), 0o600, false, true).unwrap();
         fs::write(dest.with_extension("b"), b"theirs").unwrap();
         g.file().write_all(b"mine").unwrap();
         let err = g.commit().unwrap_err();

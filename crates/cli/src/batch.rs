@@ -950,7 +950,7 @@ mod tests {
             let dest = dirs[i % dirs.len()].join(format!("o{i}.tpmc"));
             // Half with no name until the commit, half under a temporary.
             let mut out = match i % 2 {
-                0 => AtomicFile::create_unnamed(&dest, 0o644, false).unwrap(),
+                0 => AtomicFile::create_unnamed(&dest, 0o644, false, true).unwrap(),
                 _ => AtomicFile::create(&dest, 0o644, false).unwrap(),
             };
             std::io::Write::write_all(out.file(), format!("cipher {i}").as_bytes()).unwrap();
@@ -1019,7 +1019,7 @@ mod tests {
             let file = File::open(&orig).unwrap();
             let stamp = Stamp::of(&file.metadata().unwrap());
             let dest = dir.join(format!("o{i}.tpmc"));
-            let mut out = AtomicFile::create_unnamed(&dest, 0o644, false).unwrap();
+            let mut out = AtomicFile::create_unnamed(&dest, 0o644, false, true).unwrap();
             std::io::Write::write_all(out.file(), b"cipher").unwrap();
             let original = Some(Original {
                 path: orig,

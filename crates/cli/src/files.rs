@@ -1426,10 +1426,11 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
     // A run that names things here itself (a temporary, an original
     // moved aside) always lists the directory.
     atomic::clean_stale_partials_once(dest, replace || opts.in_place);
+    let durable = opts.in_place || !opts.no_sync;
     let out = match replace {
         true => AtomicFile::create(dest, mode, true),
         // The usual case: a new name, written with none until it is done.
-        false => AtomicFile::create_unnamed(dest, mode, transfer.task.fresh_sink),
+        false => AtomicFile::create_unnamed(dest, mode, transfer.task.fresh_sink, durable),
     };
     let mut out = out.with_context(|| format!("creating {}", shown(dest)))?;
     if let Some((uid, gid)) = owner {
@@ -1437,7 +1438,6 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
         out.set_owner(uid, gid, mode)
             .map_err(|e| anyhow::Error::new(e).context(OwnerNotKept { uid, gid }))?;
     }
-    let durable = opts.in_place || !opts.no_sync;
     // A small file's header, stream header and segment reach the file in
     // one write rather than three (each costs a system call); a segment
     // larger than the buffer is written straight through. The transform
