@@ -1460,6 +1460,18 @@ fn key_delete_needs_yes_without_a_terminal() {
     assert_eq!(r.code, USAGE, "deleting a missing key: {}", r.stderr);
 }
 
+/// `tpmcrypt ARGS…` under strace, with `action` (`delay_enter=US`,
+/// `signal=SIGKILL:when=N`) injected at its renames.
+fn at_renames(d: &Path, action: &str, args: &[&str]) -> Command {
+    let mut cmd = common::wrapper(d, "strace");
+    cmd.args(["-f", "-qq", "-o", "/dev/null"])
+        .args(["-e", "trace=rename,renameat,renameat2"])
+        .args(["-e", &format!("inject=rename,renameat,renameat2:{action}")])
+        .arg(common::bin())
+        .args(args);
+    cmd
+}
+
 /// The keystore's writes are locked and committed as one. Two `key create`
 /// of one name at once (the first held in its renames by strace): one
 /// key, one "exists already", and a file encrypted to the key that was
@@ -1486,22 +1498,15 @@ fn keystore_writes_are_locked_and_never_half_done() {
             .unwrap_or_default()
     };
     assert_ok(&tc(d, &tcti, &["key", "create", "first"]), "key create");
-    let slow = common::wrapper(d, "strace")
-        .args([
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=rename,renameat,renameat2",
-        ])
-        .args(["-e", "inject=rename,renameat,renameat2:delay_enter=400000"])
-        .arg(common::bin())
-        .args(["--tpm", &tcti, "key", "create", "dup"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("strace");
+    let slow = at_renames(
+        d,
+        "delay_enter=400000",
+        &["--tpm", &tcti, "key", "create", "dup"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("strace");
     let deadline = Instant::now() + Duration::from_secs(30);
     while temporaries().is_empty() {
         assert!(
@@ -1545,21 +1550,9 @@ fn keystore_writes_are_locked_and_never_half_done() {
             &["--recovery", &recipient],
             false,
         );
-        let inject = format!("inject=rename,renameat,renameat2:signal=SIGKILL:when={when}");
-        let killed = common::wrapper(d, "strace")
-            .args([
-                "-f",
-                "-qq",
-                "-o",
-                "/dev/null",
-                "-e",
-                "trace=rename,renameat,renameat2",
-            ])
-            .args(["-e", &inject])
-            .arg(common::bin())
-            .args(["--tpm", &tcti, "key", "create", "--force", "--yes", &name])
-            .output()
-            .expect("strace");
+        let kill = format!("signal=SIGKILL:when={when}");
+        let args = ["--tpm", &tcti, "key", "create", "--force", "--yes", &name];
+        let killed = at_renames(d, &kill, &args).output().expect("strace");
         assert!(!killed.status.success(), "rename {when}: not killed");
         let listed = key_list(d);
         let k = listed
@@ -1636,23 +1629,13 @@ fn keystore_readers_and_interrupted_saves() {
     holder.wait().unwrap();
 
     // `key create n` killed at its 3rd rename: record and n.json there.
-    let killed = common::wrapper(d, "strace")
-        .args([
-            "-f",
-            "-qq",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=rename,renameat,renameat2",
-        ])
-        .args([
-            "-e",
-            "inject=rename,renameat,renameat2:signal=SIGKILL:when=3",
-        ])
-        .arg(common::bin())
-        .args(["--tpm", &tcti, "key", "create", "n"])
-        .output()
-        .expect("strace");
+    let killed = at_renames(
+        d,
+        "signal=SIGKILL:when=3",
+        &["--tpm", &tcti, "key", "create", "n"],
+    )
+    .output()
+    .expect("strace");
     assert!(!killed.status.success());
     assert!(ks.join(".n.commit").exists() && !ks.join("n.key.pem").exists());
     let r = plain(d, &["key", "delete", "n"]);

@@ -1773,22 +1773,7 @@ fn stats_json_or_log_inside_src_is_refused() {
         ("--stats-json", "src/sub/../stats.json"),
         ("--log", "src/watch.log"),
     ] {
-        let r = run(
-            s.path(),
-            &[
-                "watch",
-                "src",
-                "--out",
-                "dest",
-                "-R",
-                &s.recipient,
-                flag,
-                path,
-            ],
-        );
-        assert_eq!(r.code, 2, "{flag} {path}: {}", r.stderr);
-        assert!(r.stderr.contains("inside SRC"), "{}", r.stderr);
-        assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+        refused_at_start(&s, flag, path, "inside SRC");
         assert!(!s.dest().exists(), "{flag} {path}: DEST was created");
     }
     assert_eq!(fs::read_dir(s.src()).expect("ls src").count(), 0);
