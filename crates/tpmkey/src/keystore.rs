@@ -280,11 +280,7 @@ impl Keystore {
         }
         sync_dir(&self.dir)?;
         let record = self.commit_path(name);
-        match fs::remove_file(&record) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(&record, e)),
-        }
+        remove_files(&[record])?;
         sync_dir(&self.dir)
     }
 
@@ -477,13 +473,7 @@ impl Keystore {
         if !paths.iter().any(|p| fs::symlink_metadata(p).is_ok()) {
             return Err(Error::Keystore(format!("no key named '{name}'")));
         }
-        for p in paths {
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&p, e)),
-            }
-        }
+        remove_files(&paths)?;
         sync_dir(&self.dir)
     }
 
@@ -501,13 +491,7 @@ impl Keystore {
                  finished); deleting it needs a confirmation"
             )));
         }
-        for p in [self.pub_path(name), self.meta_path(name)] {
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(&p, e)),
-            }
-        }
+        remove_files(&[self.pub_path(name), self.meta_path(name)])?;
         sync_dir(&self.dir)
     }
 
@@ -724,6 +708,18 @@ fn is_temporary(file: &str) -> bool {
         && random.bytes().all(|b| b.is_ascii_hexdigit())
         && !pid.is_empty()
         && pid.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Removes each of `paths` that is there, in order.
+fn remove_files(paths: &[PathBuf]) -> Result<()> {
+    for p in paths {
+        match fs::remove_file(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(p, e)),
+        }
+    }
+    Ok(())
 }
 
 fn file_name_of(path: &Path) -> Result<String> {
