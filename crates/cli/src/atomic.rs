@@ -792,15 +792,13 @@ fn no_dir() -> io::Error {
 /// (sshfs, ntfs-3g, gocryptfs, bindfs) does not pass it to its server,
 /// nor does a network file system reliably; those, and every unknown
 /// type, get an `fsync` per file. So does ext2, or ext4 made without a
-/// journal ([`ext4_has_journal`]): there a batch's removals and the next
+/// journal ([`journal_in`]): there a batch's removals and the next
 /// batch's writes reach the disk in any order, and a power cut left an
 /// original under its name holding another file's blocks (a crash test on
 /// such a file system, `docs/reliability.md` row 33).
 pub fn syncfs_is_durable(fd: std::os::fd::BorrowedFd<'_>) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
     match fs_kind(fd) {
-        Some(EXT_MAGIC) => fstat_of(fd)
-            .is_ok_and(|meta| ext4_has_journal(meta.dev(), Path::new("/sys"), Path::new("/proc"))),
+        Some(EXT_MAGIC) => device_of(fd).is_some_and(ext4_has_journal),
         Some(kind) => SYNCFS_DURABLE.contains(&kind),
         None => false,
     }
@@ -821,31 +819,41 @@ const SYNCFS_DURABLE: [u64; 8] = [
     0x794C_7630, // overlayfs: syncs its upper file system
 ];
 
-fn fstat_of(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<fs::Metadata> {
-    let owned = fd.try_clone_to_owned()?;
-    File::from(owned).metadata()
+/// The device of the file system `fd` is on.
+fn device_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat on a valid descriptor into a buffer of its type.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful fstat.
+    Some(unsafe { st.assume_init() }.st_dev)
 }
 
-/// Whether the file system on device `dev`, if the kernel's ext4 driver
-/// mounts it, keeps a journal: `/proc/fs/ext4/NAME/options` lists a
-/// `data=` mode only then (NAME, the block device's, from
-/// `/sys/dev/block/MAJ:MIN/uevent`). True for a device the ext4 driver does
-/// not show (another file system, or no `/proc` or `/sys` to read):
-/// only a mount found without a journal is told apart. The answer for a
-/// device is kept for the run.
-pub fn ext4_has_journal(dev: u64, sys: &Path, proc: &Path) -> bool {
+/// [`journal_in`] this machine's `/sys` and `/proc`, asked once a device
+/// in a run.
+fn ext4_has_journal(dev: u64) -> bool {
     use std::collections::HashMap;
     use std::sync::Mutex;
     static SEEN: Mutex<Option<HashMap<u64, bool>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if sys == Path::new("/sys") {
-        if let Some(&known) = seen.get_or_insert_with(HashMap::new).get(&dev) {
-            return known;
-        }
-    }
+    *seen
+        .get_or_insert_with(HashMap::new)
+        .entry(dev)
+        .or_insert_with(|| journal_in(dev, Path::new("/sys"), Path::new("/proc")))
+}
+
+/// Whether the file system on device `dev`, if the kernel's ext4 driver
+/// mounts it, keeps a journal: `PROC/fs/ext4/NAME/options` lists a
+/// `data=` mode only then (NAME, the block device's, from
+/// `SYS/dev/block/MAJ:MIN/uevent`). True for a device the ext4 driver does
+/// not show (another file system, or no `/proc` or `/sys` to read):
+/// only a mount found without a journal is told apart.
+fn journal_in(dev: u64, sys: &Path, proc: &Path) -> bool {
     let read = |p: PathBuf| fs::read_to_string(p).ok();
     let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let journal = read(sys.join(format!("dev/block/{major}:{minor}/uevent")))
+    read(sys.join(format!("dev/block/{major}:{minor}/uevent")))
         .and_then(|uevent| {
             uevent
                 .lines()
@@ -858,11 +866,7 @@ pub fn ext4_has_journal(dev: u64, sys: &Path, proc: &Path) -> bool {
         .and_then(|name| read(proc.join("fs/ext4").join(name).join("options")))
         .map_or(true, |options| {
             options.lines().any(|l| l.starts_with("data="))
-        });
-    if sys == Path::new("/sys") {
-        seen.get_or_insert_with(HashMap::new).insert(dev, journal);
-    }
-    journal
+        })
 }
 
 /// `statfs` type of `fd`'s file system.
@@ -1551,15 +1555,12 @@ mod tests {
         );
         let other = dev(8, 1, "sda1", None);
         let slashed = dev(104, 1, "cciss/c0d0p1", Some("rw\n"));
-        assert!(ext4_has_journal(journaled, &sys, &proc));
-        assert!(!ext4_has_journal(bare, &sys, &proc));
-        assert!(!ext4_has_journal(slashed, &sys, &proc));
+        assert!(journal_in(journaled, &sys, &proc));
+        assert!(!journal_in(bare, &sys, &proc));
+        assert!(!journal_in(slashed, &sys, &proc));
+        assert!(journal_in(other, &sys, &proc), "not ext4's: as before");
         assert!(
-            ext4_has_journal(other, &sys, &proc),
-            "not ext4's: as before"
-        );
-        assert!(
-            ext4_has_journal(libc::makedev(9, 9), &sys, &proc),
+            journal_in(libc::makedev(9, 9), &sys, &proc),
             "unknown device"
         );
     }
