@@ -20,10 +20,13 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// Where log lines go.
 #[derive(Clone)]
-pub struct Sink {
-    file: Option<(PathBuf, Arc<Mutex<File>>)>,
-    /// `--log /dev/stdout` (or `-`): lines go to standard output.
-    stdout: bool,
+pub enum Sink {
+    /// Standard error (no `--log`, or `--log /dev/stderr`).
+    Stderr,
+    /// `--log /dev/stdout` (or `-`).
+    Stdout,
+    /// A `--log` file, reopened by name on SIGHUP.
+    File(PathBuf, Arc<Mutex<File>>),
 }
 
 /// Why log lines must not be appended to `path`, if they must not: the
@@ -140,7 +143,7 @@ impl Sink {
     /// anything [`append_refusal`] refuses is not written to: the log goes
     /// on in the file open before.
     pub fn reopen(&self) -> io::Result<bool> {
-        let Some((path, file)) = &self.file else {
+        let Sink::File(path, file) = self else {
             return Ok(false);
         };
         let new = Sink::open(path)?;
@@ -185,10 +188,10 @@ impl<'a> MakeWriter<'a> for Sink {
     type Writer = LineWriter<'a>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        match &self.file {
-            Some((_, f)) => LineWriter::File(f),
-            None if self.stdout => LineWriter::Stdout(io::stdout()),
-            None => LineWriter::Stderr(io::stderr()),
+        match self {
+            Sink::File(_, f) => LineWriter::File(f),
+            Sink::Stdout => LineWriter::Stdout(io::stdout()),
+            Sink::Stderr => LineWriter::Stderr(io::stderr()),
         }
     }
 }
@@ -259,27 +262,16 @@ fn stderr_is_journal() -> bool {
 pub fn init(log_file: Option<&Path>, verbose: bool) -> anyhow::Result<Sink> {
     // The names of standard output and error mean those streams, as
     // they do for `-o` and `--stats-json`: nothing there to reopen.
-    let stream = log_file.and_then(crate::files::stream_named);
-    let log_file = log_file.filter(|_| stream.is_none());
-    let sink = match log_file {
-        _ if stream == Some(Stream::Out) => Sink {
-            file: None,
-            stdout: true,
-        },
-        Some(p) => {
+    let sink = match log_file.map(|p| (p, crate::files::stream_named(p))) {
+        None | Some((_, Some(Stream::Err))) => Sink::Stderr,
+        Some((_, Some(Stream::Out))) => Sink::Stdout,
+        Some((p, _)) => {
             let f = Sink::open(p)
                 .map_err(|e| anyhow::Error::from(e).context(format!("--log {}", p.display())))?;
-            Sink {
-                file: Some((p.to_path_buf(), Arc::new(Mutex::new(f)))),
-                stdout: false,
-            }
+            Sink::File(p.to_path_buf(), Arc::new(Mutex::new(f)))
         }
-        None => Sink {
-            file: None,
-            stdout: false,
-        },
     };
-    let on_stderr = log_file.is_none() && !sink.stdout;
+    let on_stderr = matches!(sink, Sink::Stderr);
     let format = LineFormat {
         colour: on_stderr && crate::ui::colour::stderr(),
         priority: on_stderr && stderr_is_journal(),
