@@ -359,11 +359,14 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
     // parsed before the keystore's lock is taken: a FIFO or a slow pipe
     // must not hold it (every write, and every load of a key whose save
     // was cut short, waits for it).
+    let no_signer = || {
+        usage(format!(
+            "key {name} was not created with a PCR signer (key create --pcr-signer)"
+        ))
+    };
     let (first, _) = store.load(name)?;
     if first.signer()?.is_none() {
-        return Err(usage(format!(
-            "key {name} was not created with a PCR signer (key create --pcr-signer)"
-        )));
+        return Err(no_signer());
     }
     let mut policies = Vec::with_capacity(files.len());
     for file in files {
@@ -380,11 +383,10 @@ pub fn add_policies(store: &Keystore, name: &str, files: &[PathBuf]) -> anyhow::
     // Read, add, write back under the keystore's lock: two runs at once
     // would otherwise each write the key file without the other's policy.
     let lock = store.lock()?;
+    // Read again: the key may have been replaced since the first look.
     let (mut blob, meta) = store.load_locked(&lock, name)?;
     if blob.signer()?.is_none() {
-        return Err(usage(format!(
-            "key {name} was not created with a PCR signer (key create --pcr-signer)"
-        )));
+        return Err(no_signer());
     }
     let mut added = 0;
     for (file, policy) in policies {
