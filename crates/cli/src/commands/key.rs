@@ -177,11 +177,14 @@ pub fn run(cmd: &KeyCommand, ui: &Ui) -> anyhow::Result<i32> {
 }
 
 fn default_name(file: &std::path::Path) -> anyhow::Result<String> {
+    // The bytes before the first dot; a stem that is not UTF-8 gives no
+    // key name (never one with U+FFFD standing in for its bytes).
     let base = file
         .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
+        .map(|f| f.as_encoded_bytes())
         .unwrap_or_default();
-    let stem = base.split('.').next().unwrap_or_default().to_string();
+    let stem = base.split(|&b| b == b'.').next().unwrap_or_default();
+    let stem = std::str::from_utf8(stem).unwrap_or_default().to_string();
     if stem.is_empty() {
         return Err(usage(
             "cannot derive a key name from the file name; use --name",
@@ -529,4 +532,21 @@ fn list(store: &Keystore, json: bool) -> anyhow::Result<i32> {
         }
     }
     Ok(crate::ui::exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_name;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::path::Path;
+
+    #[test]
+    fn a_key_name_is_taken_from_the_bytes_before_the_first_dot() {
+        let name = |b: &[u8]| default_name(Path::new(OsStr::from_bytes(b))).ok();
+        assert_eq!(name(b"dir/work.key.pem").as_deref(), Some("work"));
+        assert_eq!(name(b"work.\xff.pem").as_deref(), Some("work"));
+        assert_eq!(name(b"w\xffrk.pem"), None, "never a name with U+FFFD in it");
+        assert_eq!(name(b".pem"), None);
+    }
 }

@@ -254,12 +254,12 @@ fn run_phase(
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(serde_json::Value::Null);
 
-    let names: HashSet<String> = fs::read_dir(dir.join("dest"))?
+    let names: HashSet<std::ffi::OsString> = fs::read_dir(dir.join("dest"))?
         .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .map(|e| e.file_name())
         .collect();
     let encrypted = (0..sent)
-        .filter(|&i| names.contains(&format!("{}.tpmc", name_of(i))))
+        .filter(|&i| names.contains(std::ffi::OsStr::new(&format!("{}.tpmc", name_of(i)))))
         .count() as u64;
     let e2e: Vec<f64> = closed
         .iter()
