@@ -786,20 +786,7 @@ fn delete_plaintext_keeps_hard_linked_sources() {
 fn metrics_sighup_and_rotation() {
     let s = Scratch::new();
     // A non-loopback address is refused.
-    let r = run(
-        s.path(),
-        &[
-            "watch",
-            "src",
-            "--out",
-            "dest",
-            "-R",
-            &s.recipient,
-            "--metrics",
-            "0.0.0.0:9464",
-        ],
-    );
-    assert_eq!(r.code, 2, "{}", r.stderr);
+    refused_at_start(&s, "--metrics", "0.0.0.0:9464", "non-loopback");
 
     // A port the kernel just found free (one derived from the PID could be
     // any other process's, e.g. another test's swtpm: "Address in use").
