@@ -1014,6 +1014,43 @@ fn one_wrong_pin_costs_one_try_whatever_the_number_of_sessions() {
 
 // ---------------------------------------------------------------- 5. TPM absent
 
+/// `--tpm device:PATH` (or `TPMCRYPT_TCTI`) where PATH is not a character
+/// device: a file, a FIFO (a disk, for a mistyped `/dev/sda`) is exit 4
+/// in one line naming what it is, and is left as it was. The build before
+/// handed it to tpm2-tss, which wrote a TPM command over the file's first
+/// bytes, `doctor` included, and a FIFO read back its own command.
+#[test]
+fn a_device_tcti_that_is_not_a_device_is_never_written() {
+    let dir = scratch();
+    let d = dir.path();
+    let notes = d.join("notes");
+    fs::write(&notes, b"my precious notes\n").unwrap();
+    let tcti = format!("device:{}", notes.display());
+    let r = tc(d, &tcti, &["key", "create", "k"]);
+    assert_one_line(&r, TPM, &["is a regular file, not a TPM"], "key create");
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &tcti).args(["doctor"]);
+    let r: Run = cmd.output().expect("spawn").into();
+    assert_ne!(r.code, 0, "doctor: {}", r.stderr);
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("is a regular file, not a TPM"),
+        "doctor: {}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    assert_eq!(fs::read(&notes).unwrap(), b"my precious notes\n");
+    let fifo = d.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let r = tc(
+        d,
+        &format!("device:{}", fifo.display()),
+        &["key", "create", "k"],
+    );
+    assert_one_line(&r, TPM, &["is a FIFO, not a TPM"], "key create on a FIFO");
+    assert!(key_list(d).is_empty(), "no key made");
+}
+
 #[test]
 fn absent_tpm_is_exit_4_and_names_the_simulator() {
     let dir = scratch();

@@ -131,9 +131,28 @@ impl Tpm {
             Ok(()) => cause_of(e),
         };
         if let Tcti::Device { path } = tcti {
-            // Check first: the most common failure.
-            if let Err(e) = std::fs::metadata(path) {
-                return Err(unavailable(format!("{path}: {}", io_cause(&e))));
+            // Check first: the most common failure. And a TPM is a
+            // character device: tpm2-tss would write its commands into
+            // whatever else the path names (a file's first bytes, a
+            // disk's first sector, for a mistyped /dev/sda).
+            use std::os::unix::fs::FileTypeExt;
+            match std::fs::metadata(path) {
+                Err(e) => return Err(unavailable(format!("{path}: {}", io_cause(&e)))),
+                Ok(m) if !m.file_type().is_char_device() => {
+                    let kind = match m.file_type() {
+                        t if t.is_file() => "a regular file",
+                        t if t.is_dir() => "a directory",
+                        t if t.is_block_device() => "a block device (a disk)",
+                        t if t.is_fifo() => "a FIFO",
+                        t if t.is_socket() => "a socket",
+                        _ => "not a device",
+                    };
+                    return Err(unavailable(format!(
+                        "{path} is {kind}, not a TPM (a character device such as \
+                         /dev/tpmrm0); nothing was written to it"
+                    )));
+                }
+                Ok(_) => {}
             }
         }
         let ctx = Context::new(tcti.to_name_conf()?).map_err(|e| unavailable(why(&e)))?;
