@@ -1785,3 +1785,90 @@ fn relative_xdg_directories_are_ignored() {
     assert_ok(&r, "key list");
     assert!(xdg.join("tpmcrypt").is_dir());
 }
+
+/// Where session keys cannot be locked in memory (the locked-memory limit
+/// is 0 and the process lacks CAP_IPC_LOCK), a run says so in one
+/// warning, once, and still works; so does the agent, in its log. The
+/// build before said nothing: keys could go to swap unannounced.
+#[test]
+fn a_key_that_cannot_be_locked_in_memory_is_named() {
+    require_root();
+    let dir = scratch();
+    let d = dir.path();
+    let rec = recovery(d, "rec.key");
+    fs::write(d.join("f"), b"secret").unwrap();
+    let unlockable = |args: &[&str]| -> Run {
+        common::wrapper(d, "setpriv")
+            .args(["--bounding-set=-ipc_lock", "prlimit", "--memlock=0:0"])
+            .arg(common::bin())
+            .args(args)
+            .output()
+            .expect("setpriv")
+            .into()
+    };
+    let warned = |r: &Run| -> Vec<String> {
+        r.stderr
+            .lines()
+            .filter(|l| l.contains("could not be locked in memory"))
+            .map(str::to_string)
+            .collect()
+    };
+    let r = unlockable(&["encrypt", "-R", &rec, "f"]);
+    assert_ok(&r, "encrypt");
+    let lines = warned(&r);
+    assert_eq!(lines.len(), 1, "{}", r.stderr);
+    assert!(
+        lines[0].starts_with("warning: ")
+            && lines[0].contains("locked-memory limit 0 KiB")
+            && lines[0].contains("swap"),
+        "{}",
+        lines[0]
+    );
+    let r = unlockable(&["decrypt", "-i", "rec.key", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt");
+    assert_eq!(r.stdout, b"secret");
+    assert_eq!(warned(&r).len(), 1, "{}", r.stderr);
+    // As things usually are: not a word.
+    let r = common::run(d, &["decrypt", "-i", "rec.key", "-o", "-", "f.tpmc"]);
+    assert_ok(&r, "decrypt");
+    assert!(warned(&r).is_empty(), "{}", r.stderr);
+    // The agent, given an encryption session to hold.
+    let sock = d.join("agent.sock");
+    let log = d.join("agent.log");
+    let agent = common::wrapper(d, "setpriv")
+        .args(["--bounding-set=-ipc_lock", "prlimit", "--memlock=0:0"])
+        .arg(common::bin())
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("agent");
+    let agent = Stop(agent);
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fs::write(d.join("g"), b"g").unwrap();
+    let r: Run = tpmcrypt(d)
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .args(["-v", "encrypt", "-R", &rec, "g"])
+        .output()
+        .unwrap()
+        .into();
+    assert_ok(&r, "encrypt with the agent");
+    assert!(
+        r.stderr.contains("shared through the agent"),
+        "{}",
+        r.stderr
+    );
+    drop(agent);
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("could not be locked in memory"))
+            .count(),
+        1,
+        "{text}"
+    );
+}

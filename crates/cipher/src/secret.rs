@@ -98,12 +98,41 @@ pub fn lock_memory(ptr: *const u8, len: usize) -> bool {
     // SAFETY: `ptr..ptr+len` is a live allocation owned by the caller;
     // mlock only changes paging behaviour and never touches the contents.
     if unsafe { libc::mlock(ptr.cast(), len) } != 0 {
+        let cause = std::io::Error::last_os_error();
+        drop(locked);
+        refused(&cause);
         return false;
     }
     for page in pages(ptr, len) {
         *locked.entry(page).or_insert(0) += 1;
     }
     true
+}
+
+/// Whether `mlock` has refused a range in this process.
+static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Called at the first refusal (see [`on_first_lock_refusal`]).
+static REFUSAL_HOOK: std::sync::OnceLock<fn(&std::io::Error)> = std::sync::OnceLock::new();
+
+/// Has `hook` called, once per process, the first time `mlock` refuses to
+/// lock a secret (typically `RLIMIT_MEMLOCK` reached: the secret then
+/// lives in pages that may be swapped out, so the caller should say so).
+/// The first hook set stays.
+pub fn on_first_lock_refusal(hook: fn(&std::io::Error)) {
+    let _ = REFUSAL_HOOK.set(hook);
+}
+
+/// Whether `mlock` has refused to lock a secret in this process.
+pub fn lock_was_refused() -> bool {
+    REFUSED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn refused(cause: &std::io::Error) {
+    if !REFUSED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if let Some(hook) = REFUSAL_HOOK.get() {
+            hook(cause);
+        }
+    }
 }
 
 /// Undoes [`lock_memory`]: each page of the range is unlocked once no

@@ -87,6 +87,7 @@ pub fn main() -> ! {
     tpmcrypt_cipher::backend::restore_openssl_ia32cap();
     // Before anything may hold a key.
     crate::harden::disable_core_dumps();
+    crate::harden::lock_secrets_or_say_so();
     let argv: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = serve(&argv) {
         std::process::exit(code);
