@@ -1064,9 +1064,16 @@ fn agent_refuses_other_uids() {
     let mut put = vec![1u8, 2];
     put.extend_from_slice(&digest);
     put.extend_from_slice(&key);
-    assert_eq!(agent_request(d, &sock, &ping, None), [0, 0, 0, 0, 0]);
+    // PING: status, keys held, shared encryption sessions held.
+    assert_eq!(
+        agent_request(d, &sock, &ping, None),
+        [0, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
     assert_eq!(agent_request(d, &sock, &put, None), [0], "root PUT");
-    assert_eq!(agent_request(d, &sock, &ping, None), [0, 0, 0, 0, 1]);
+    assert_eq!(
+        agent_request(d, &sock, &ping, None),
+        [0, 0, 0, 0, 1, 0, 0, 0, 0]
+    );
     let mut want = vec![0u8];
     want.extend_from_slice(&key);
     assert_eq!(agent_request(d, &sock, &get, None), want, "root GET");
@@ -1123,7 +1130,10 @@ fn agent_refuses_other_uids() {
         .unwrap()
         .into();
     assert_ok(&res, "root via agent with a non-recipient identity");
-    assert_eq!(agent_request(d, &sock, &ping, None), [0, 0, 0, 0, 1]);
+    assert_eq!(
+        agent_request(d, &sock, &ping, None),
+        [0, 0, 0, 0, 1, 0, 0, 0, 0]
+    );
 
     let res: Run = cmd().args(["agent", "--stop"]).output().unwrap().into();
     assert_ok(&res, "agent --stop");

@@ -1786,6 +1786,94 @@ fn relative_xdg_directories_are_ignored() {
     assert!(xdg.join("tpmcrypt").is_dir());
 }
 
+/// Two agents started on one stale socket (left by an agent killed with
+/// SIGKILL), the second while the first is between removing the stale
+/// socket and binding its own: the second is refused, and the first is
+/// the one agent there, which `agent --stop` stops. The build before let
+/// both bind: the first removed the second's socket, and the second then
+/// ran for ever, holding whatever keys it was given, out of reach of
+/// `agent --stop`.
+#[test]
+fn two_agents_starting_on_a_stale_socket_never_both_run() {
+    let dir = scratch();
+    let d = dir.path();
+    let sock = d.join("run").join("agent.sock");
+    let mut killed = start_agent(d, &sock);
+    killed.kill().expect("kill -9");
+    killed.wait().expect("wait");
+    assert!(sock.exists(), "a stale socket is left");
+    // The first: held 1.5 s in its removal of the stale socket.
+    let first = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null"])
+        .args(["-e", "inject=unlink,unlinkat:delay_enter=1500000:when=1"])
+        .arg(common::bin())
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace");
+    let first = Stop(first);
+    // Whatever happens, no agent is left running (killing strace would
+    // leave the agent it traces).
+    struct StopAgents<'a>(&'a Path, &'a Path);
+    impl Drop for StopAgents<'_> {
+        fn drop(&mut self) {
+            for _ in 0..2 {
+                let _ = tpmcrypt(self.0)
+                    .args(["agent", "--stop"])
+                    .env("TPMCRYPT_AGENT_SOCK", self.1)
+                    .output();
+            }
+        }
+    }
+    let _stop_agents = StopAgents(d, &sock);
+    std::thread::sleep(Duration::from_millis(500));
+    // The second, meanwhile.
+    let second = tpmcrypt(d)
+        .args(["agent", "--ttl", "1m"])
+        .env("TPMCRYPT_AGENT_SOCK", &sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent");
+    let r = common::finished_by(
+        second,
+        Instant::now() + Duration::from_secs(5),
+        "the second agent",
+    );
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["an agent is already running", "agent.sock"],
+        "the second agent",
+    );
+    // The first binds once its removal is done, and is the agent there.
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no agent listens"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stop = || -> Run {
+        tpmcrypt(d)
+            .args(["agent", "--stop"])
+            .env("TPMCRYPT_AGENT_SOCK", &sock)
+            .output()
+            .expect("agent --stop")
+            .into()
+    };
+    assert_ok(&stop(), "agent --stop");
+    let mut first = first;
+    let status = first.0.wait().expect("wait");
+    assert!(status.success(), "the first agent stopped: {status}");
+    let again = stop();
+    assert_eq!(again.code, 1, "no agent left: {}", again.stderr);
+}
+
 /// Where session keys cannot be locked in memory (the locked-memory limit
 /// is 0 and the process lacks CAP_IPC_LOCK), a run says so in one
 /// warning, once, and still works; so does the agent, in its log. The

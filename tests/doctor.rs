@@ -362,6 +362,7 @@ fn an_untrusted_agent_socket_sets_the_agent_bit_and_a_running_agent_is_counted()
     assert_eq!(v["agent"]["running"], true);
     assert_eq!(v["agent"]["trusted"], true);
     assert_eq!(v["agent"]["secrets_held"], 0);
+    assert_eq!(v["agent"]["sessions_held"], 0);
 }
 
 /// `--tpm` > TPMCRYPT_TCTI > TPM2TOOLS_TCTI > TSS2_TCTI > default, each

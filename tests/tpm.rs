@@ -522,6 +522,21 @@ fn encrypt_runs_join_the_agents_session() {
     let r = plain(d, &["-v", "encrypt", "--key", "k", "--new-session", "own"]);
     assert!(r.stderr.contains("a session of its own"), "{}", r.stderr);
     assert!(!ids.contains(&inspect(d, "own.tpmc")["session_id"].to_string()));
+    // Deleting a key whose encryption session the agent holds says so. The
+    // build before counted only keys unwrapped for a decrypt and said
+    // nothing, while the session's key still opened the deleted key's file.
+    create_key(d, &t, "gone", "ecc-p256", &[], false);
+    fs::write(d.join("g"), b"g").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "gone", "g"]), "encrypt g");
+    let r = plain(d, &["key", "delete", "gone", "--yes"]);
+    assert_ok(&r, "key delete gone");
+    assert!(
+        r.stderr
+            .contains("the running agent still holds session keys")
+            && r.stderr.contains("open files of gone"),
+        "{}",
+        r.stderr
+    );
     let r = plain(d, &["agent", "--stop"]);
     assert_ok(&r, "agent --stop");
     assert!(agent.wait_exit(), "agent exit status");

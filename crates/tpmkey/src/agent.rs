@@ -28,7 +28,7 @@
 //!   op 1 GET   body = id (32)              response = 0x00 ‖ secret (32) | 0x01 (absent)
 //!   op 2 PUT   body = id (32) ‖ secret (32) response = 0x00
 //!   op 3 STOP  body = ∅                    response = 0x00, then the agent wipes and exits
-//!   op 4 PING  body = ∅                    response = 0x00 ‖ entries (u32 BE)
+//!   op 4 PING  body = ∅                    response = 0x00 ‖ entries (u32 BE) ‖ sessions (u32 BE)
 //!   op 5 SESSION_GET body = scope (32)     response = 0x00 ‖ secret (32) ‖ header | 0x01 (absent)
 //!   op 6 SESSION_PUT body = scope (32) ‖ secret (32) ‖ header (≤ 64 KiB)
 //!                                          response = 0x00
@@ -224,6 +224,18 @@ fn io_err(path: &Path, e: io::Error) -> Error {
     }
 }
 
+/// What a running agent holds (its answer to PING).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Unwrapped session keys of files decrypted (each opens a session's
+    /// files without the TPM).
+    pub secrets: u32,
+    /// Shared encryption sessions (each key opens the files of the
+    /// `encrypt` runs that joined it); `None` from an agent too old to
+    /// count them.
+    pub sessions: Option<u32>,
+}
+
 /// A client of a running agent.
 pub struct AgentClient {
     path: PathBuf,
@@ -306,9 +318,22 @@ impl AgentClient {
 
     /// Number of secrets held.
     pub fn ping(&self) -> io::Result<u32> {
-        let r = self.call(&[VERSION, OP_PING], 5)?;
+        self.held().map(|held| held.secrets)
+    }
+
+    /// What the agent holds: its PING's answer.
+    pub fn held(&self) -> io::Result<Held> {
+        let r = self.call(&[VERSION, OP_PING], 9)?;
         match r.as_slice() {
-            [0, a, b, c, d] => Ok(u32::from_be_bytes([*a, *b, *c, *d])),
+            [0, a, b, c, d, rest @ ..] => Ok(Held {
+                secrets: u32::from_be_bytes([*a, *b, *c, *d]),
+                sessions: match rest {
+                    [e, f, g, h] => Some(u32::from_be_bytes([*e, *f, *g, *h])),
+                    // An agent of a build before sessions were counted.
+                    [] => None,
+                    _ => return Err(io::Error::other("bad agent response")),
+                },
+            }),
             _ => Err(io::Error::other("bad agent response")),
         }
     }
@@ -501,6 +526,52 @@ pub struct Agent {
     /// Where each request's fixed part (which may carry a secret) is read:
     /// allocated once, locked in memory where allowed, wiped after use.
     request: Box<[u8]>,
+    /// `SOCKET.lock`, flocked for the agent's life (see [`Agent::bind`]);
+    /// None for a socket inherited from systemd.
+    _lock: Option<fs::File>,
+}
+
+/// Takes the lock of the agent that binds `path`: `PATH.lock` beside it
+/// (in the checked, private socket directory), created 0600, never
+/// through a symlink, and `flock`ed without waiting. Held, it makes the
+/// look for a stale socket, its removal and the bind one step: without
+/// it, an agent starting a moment after another could remove the socket
+/// the other had just bound, leaving that one running out of reach.
+fn agent_lock(path: &Path) -> Result<fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(|e| io_err(&lock_path, e))?;
+    let meta = file.metadata().map_err(|e| io_err(&lock_path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Untrusted {
+            path: lock_path,
+            why: "the agent's lock file is not a regular file".into(),
+        });
+    }
+    trust::check_private(&lock_path, &meta, "the agent's lock file")?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return Err(Error::InvalidInput(format!(
+                "an agent is already running at {} (or starting: {} is locked)",
+                path.display(),
+                lock_path.display()
+            )));
+        }
+        return Err(io_err(&lock_path, e));
+    }
+    Ok(file)
 }
 
 /// Creates what is missing of `dir`, each directory 0700: nothing is
@@ -576,6 +647,7 @@ impl Agent {
         create_private_dirs(dir)?;
         // A directory that existed already may be another user's.
         trust::check_private_dir(dir, "the agent's socket directory")?;
+        let lock = agent_lock(path)?;
         if fs::symlink_metadata(path).is_ok() {
             if AgentClient::connect(path)?.is_some() {
                 return Err(Error::InvalidInput(format!(
@@ -602,6 +674,7 @@ impl Agent {
             sessions: HashMap::new(),
             inode: Some(inode),
             request: locked_buffer(REQUEST_HEAD),
+            _lock: Some(lock),
         })
     }
 
@@ -770,6 +843,7 @@ impl Agent {
             [VERSION, OP_PING] => {
                 let mut r = vec![0u8];
                 r.extend_from_slice(&(self.secrets.len() as u32).to_be_bytes());
+                r.extend_from_slice(&(self.sessions.len() as u32).to_be_bytes());
                 r
             }
             _ => vec![2],
@@ -996,6 +1070,14 @@ mod tests {
             "other scope"
         );
         assert_eq!(client.ping().unwrap(), 0, "not a decryption secret");
+        assert_eq!(
+            client.held().unwrap(),
+            Held {
+                secrets: 0,
+                sessions: Some(1)
+            },
+            "but a session held"
+        );
         assert!(client
             .session_put(&scope, &[5u8; 32], &vec![0; MAX_SESSION_HEADER + 1])
             .is_err());

@@ -346,12 +346,16 @@ fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
     }
     store.delete(name)?;
     crate::ui::stdout::line(&format!("deleted {name}"))?;
-    // The agent keeps session keys by file, not by key: those it holds
-    // still open files of the deleted key until they expire.
+    // The agent keeps session keys by file or by encryption scope, not by
+    // key: those it holds (unwrapped for a decrypt, or a shared encryption
+    // session's) still open files of the deleted key until they expire.
     let agent =
         tpmcrypt_tpmkey::agent::AgentClient::checked(&tpmcrypt_tpmkey::agent::socket_path());
     if let Ok(Some(client)) = agent {
-        if client.ping().is_ok_and(|held| held > 0) {
+        if client
+            .held()
+            .is_ok_and(|held| held.secrets > 0 || held.sessions.is_some_and(|n| n > 0))
+        {
             stderr_line!(
                 "tpmcrypt: note: the running agent still holds session keys, some of which may \
                  open files of {name} until they expire; `tpmcrypt agent --stop` wipes them now"

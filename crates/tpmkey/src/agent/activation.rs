@@ -117,6 +117,7 @@ impl Agent {
             sessions: Default::default(),
             inode: None,
             request: locked_buffer(REQUEST_HEAD),
+            _lock: None,
         })
     }
 }

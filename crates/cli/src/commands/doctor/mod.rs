@@ -514,8 +514,14 @@ fn agent(problems: &mut Problems) -> Value {
     let shown = crate::ui::shown(&path);
     match AgentClient::connect(&path) {
         Ok(None) => json!({"socket": shown, "running": false}),
-        Ok(Some(client)) => match client.ping() {
-            Ok(n) => json!({"socket": shown, "running": true, "trusted": true, "secrets_held": n}),
+        Ok(Some(client)) => match client.held() {
+            Ok(held) => json!({
+                "socket": shown,
+                "running": true,
+                "trusted": true,
+                "secrets_held": held.secrets,
+                "sessions_held": held.sessions,
+            }),
             Err(e) => agent_problem(problems, shown, &e.to_string()),
         },
         Err(e) => agent_problem(problems, shown, &e.to_string()),

@@ -253,11 +253,18 @@ fn cpu(out: &mut String, c: &Value, b: &Value) {
 fn agent(out: &mut String, a: &Value) {
     let text = match (a["running"].as_bool(), a["error"].as_str()) {
         (_, Some(e)) => format!("{}: NOT USED: {e}", s(&a["socket"])),
-        (Some(true), _) => format!(
-            "running at {}, {} secrets held",
-            s(&a["socket"]),
-            a["secrets_held"]
-        ),
+        (Some(true), _) => match a["sessions_held"].as_u64() {
+            Some(sessions) => format!(
+                "running at {}, {} secrets and {sessions} encryption sessions held",
+                s(&a["socket"]),
+                a["secrets_held"]
+            ),
+            None => format!(
+                "running at {}, {} secrets held",
+                s(&a["socket"]),
+                a["secrets_held"]
+            ),
+        },
         _ => format!("not running ({})", s(&a["socket"])),
     };
     line(out, "agent", &text);
