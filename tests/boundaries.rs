@@ -775,6 +775,47 @@ fn destroying_a_private_key_needs_confirmation_everywhere() {
     )));
     assert!(kind("link.key").is_symlink());
     assert_eq!(common::mode_of(&d.join("-")), 0o600);
+
+    // --force replaces only a recovery identity, or an empty file: not a
+    // document, nor a PCR signer's private key, both of which the build
+    // before replaced (calling each "the recovery identity" when it asked).
+    fs::write(d.join("thesis.txt"), b"thesis").unwrap();
+    assert_ok(
+        &common::run(d, &["pcr-signer", "create", "--out", "sig.key"]),
+        "pcr-signer create",
+    );
+    let signer = fs::read(d.join("sig.key")).unwrap();
+    for out in ["thesis.txt", "sig.key"] {
+        let r = common::run(d, &["recovery", "create", "--out", out, "--force", "--yes"]);
+        common::assert_error_line(
+            &r,
+            2,
+            None,
+            &["is not a recovery identity", "not replaced"],
+            out,
+        );
+        assert!(r.stdout.is_empty(), "{out}: no recipient printed");
+    }
+    assert_eq!(fs::read(d.join("thesis.txt")).unwrap(), b"thesis");
+    assert_eq!(fs::read(d.join("sig.key")).unwrap(), signer);
+    fs::write(d.join("empty.key"), b"").unwrap();
+    assert_ok(
+        &common::run(
+            d,
+            &[
+                "recovery",
+                "create",
+                "--out",
+                "empty.key",
+                "--force",
+                "--yes",
+            ],
+        ),
+        "recovery create over an empty file",
+    );
+    assert!(fs::read_to_string(d.join("empty.key"))
+        .unwrap()
+        .contains("PRIVATE KEY"));
 }
 
 // ------------------------------------------------ the keystore is the user's

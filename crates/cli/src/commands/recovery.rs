@@ -18,7 +18,8 @@ pub enum RecoveryCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
         /// Overwrite an existing identity, destroying it (asks first; --yes
-        /// to confirm without a terminal).
+        /// to confirm without a terminal). Only a file `recovery create`
+        /// wrote, or an empty one, is ever replaced.
         #[arg(short, long)]
         force: bool,
         /// With --force: overwrite without asking.
@@ -44,6 +45,9 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
         }
     }
 }
+
+/// How an identity file `recovery create` writes begins.
+const IDENTITY_FIRST_LINE: &str = "# tpmcrypt recovery identity";
 
 fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
     // `-` is standard output everywhere else (`-o -`); a secret key is not
@@ -77,6 +81,23 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
         .with_context(|| out.display().to_string());
     }
     if exists {
+        // Only an identity this command made (its first line says so,
+        // and it holds the key) or an empty file (as `mktemp` makes) is
+        // replaced: never a document, nor a PCR signer's key (a bare P-256
+        // key as well) or another secret --force was given by mistake.
+        let empty = fs::metadata(out).is_ok_and(|m| m.len() == 0);
+        let identity = || {
+            crate::keys::read_identity_file(out).is_ok_and(|bytes| {
+                bytes.starts_with(IDENTITY_FIRST_LINE.as_bytes())
+                    && crate::keys::recovery_key(out, &bytes).is_ok()
+            })
+        };
+        if !empty && !identity() {
+            return Err(crate::ui::exit::usage(format!(
+                "--out {}: exists and is not a recovery identity: not replaced",
+                crate::ui::shown(out)
+            )));
+        }
         let what = format!(
             "overwrite the recovery identity {} (files encrypted to its recipient can then be \
              recovered only from another copy of it)",
@@ -89,7 +110,8 @@ fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
     }
     let key = RecoveryKey::generate(&mut rand_core::OsRng);
     let comment = format!(
-        "tpmcrypt recovery identity, created {}\nKeep this file offline: it decrypts every file encrypted to its recipient.",
+        "{}, created {}\nKeep this file offline: it decrypts every file encrypted to its recipient.",
+        IDENTITY_FIRST_LINE.trim_start_matches("# "),
         humantime_now()
     );
     let contents = key.to_file_contents(&comment)?;
