@@ -785,6 +785,19 @@ fn destroying_a_private_key_needs_confirmation_everywhere() {
         "pcr-signer create",
     );
     let signer = fs::read(d.join("sig.key")).unwrap();
+    // Nor is a signer's key, or a signed policy, put in a file named `-`
+    // (the build before did both, exit 0).
+    let dash = fs::read(d.join("-")).unwrap();
+    let r = common::run(d, &["pcr-signer", "create", "--out", "-"]);
+    common::assert_error_line(&r, 2, None, &["--out -", "secret", "./-"], "pcr-signer -");
+    let r = common::run(
+        d,
+        &[
+            "pcr", "sign", "--signer", "sig.key", "--pcrs", "sha256:0", "--values", "v", "-o", "-",
+        ],
+    );
+    common::assert_error_line(&r, 2, None, &["--out -", "./-"], "pcr sign -o -");
+    assert_eq!(fs::read(d.join("-")).unwrap(), dash, "./- untouched");
     for out in ["thesis.txt", "sig.key"] {
         let r = common::run(d, &["recovery", "create", "--out", out, "--force", "--yes"]);
         common::assert_error_line(

@@ -97,6 +97,7 @@ fn read_small(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 fn create_signer(out: &Path) -> anyhow::Result<i32> {
+    crate::ui::refuse_dash("--out", out, "a PCR signer is a secret key (mode 0600)")?;
     crate::ui::stdout::ensure_open()?;
     let ctx = || crate::ui::shown(out);
     if fs::symlink_metadata(out).is_ok() {
@@ -137,6 +138,11 @@ fn create_signer(out: &Path) -> anyhow::Result<i32> {
 
 fn sign(args: &SignArgs, ui: &Ui) -> anyhow::Result<i32> {
     let sel = PcrSelection::parse(&args.pcrs)?;
+    crate::ui::refuse_dash(
+        "--out",
+        &args.out,
+        "a signed policy is a file for key add-policy",
+    )?;
     check_replaceable(&args.out, args.force)?;
     let signer = read_signer_key(&args.signer)?;
     let values = match &args.values {

@@ -50,14 +50,11 @@ pub fn run(cmd: &RecoveryCommand) -> anyhow::Result<i32> {
 const IDENTITY_FIRST_LINE: &str = "# tpmcrypt recovery identity";
 
 fn create(out: &Path, force: bool, yes: bool) -> anyhow::Result<i32> {
-    // `-` is standard output everywhere else (`-o -`); a secret key is not
-    // printed, and a file named `-` is not what was meant.
-    if out.as_os_str() == "-" {
-        return Err(crate::ui::exit::usage(
-            "--out -: a recovery identity is a secret key and is written only to a file of its \
-             own (mode 0600), never to standard output (for a file named -, give ./-)",
-        ));
-    }
+    crate::ui::refuse_dash(
+        "--out",
+        out,
+        "a recovery identity is a secret key (mode 0600)",
+    )?;
     // A device, a FIFO, a socket or a symlink (`/dev/null`, `/dev/stdout`)
     // is never replaced by the key, nor called an identity.
     if let Some(kind) = fs::symlink_metadata(out)

@@ -10,6 +10,20 @@ pub mod stdout;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// `-` given for a file that is only ever written as a file of its own
+/// (`what`: "a recovery identity is a secret key"): `-` is standard
+/// output everywhere else (`-o -`), so a file named `-` is not what was
+/// meant; a usage error that says how to name such a file.
+pub fn refuse_dash(option: &str, path: &std::path::Path, what: &str) -> anyhow::Result<()> {
+    if path.as_os_str() != "-" {
+        return Ok(());
+    }
+    Err(exit::usage(format!(
+        "{option} -: {what} and is written only to a file of its own, never to standard \
+         output (for a file named -, give ./-)"
+    )))
+}
+
 /// What a file that is not regular is ("a device", "a symbolic link"
 /// as `lstat` sees it), for a refusal to replace it; None for a regular
 /// file.
