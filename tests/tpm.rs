@@ -2078,6 +2078,48 @@ fn key_import_refuses_keys_that_could_never_unbind() {
     );
     assert_one_line(&r, TPM, &["unreachable"], "import without a TPM");
     assert_eq!(key_list(d).len(), accepted.len(), "imported without a TPM");
+    // A key file is read once, and only so far: through a pipe (the build
+    // before read it twice, so the keystore's read found nothing), and
+    // never /dev/zero until memory runs out (as it did before).
+    let pem = fs::read(d.join("ecc-null.pem")).unwrap();
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_TCTI", &t)
+        .args(["key", "import", "/dev/stdin", "--name", "piped", "--no-pin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(&pem).unwrap();
+    }
+    let r = common::finished_by(
+        child,
+        Instant::now() + Duration::from_secs(30),
+        "import from a pipe",
+    );
+    assert_ok(&r, "import from a pipe");
+    assert_eq!(
+        key_list(d).len(),
+        accepted.len() + 1,
+        "imported from a pipe"
+    );
+    let r = common::run_within(
+        d,
+        &[
+            "--tpm",
+            &t,
+            "key",
+            "import",
+            "/dev/zero",
+            "--name",
+            "z",
+            "--no-pin",
+        ],
+        20,
+    );
+    assert_one_line(&r, USAGE, &["/dev/zero", "too large"], "import /dev/zero");
     // No import spent a dictionary-attack try.
     let props = tpm2_tool(&sim, d, &["tpm2_getcap", "properties-variable"]);
     assert!(

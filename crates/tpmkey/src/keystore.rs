@@ -516,21 +516,23 @@ impl Keystore {
         pem_path: &Path,
         has_pin: Option<bool>,
     ) -> Result<(KeyBlob, KeyMeta)> {
-        self.import_checked(name, pem_path, has_pin, |_| Ok(()))
+        let pem = fs::read_to_string(pem_path).map_err(|e| Error::io(pem_path, e))?;
+        self.import_checked(name, &pem, has_pin, |_| Ok(()))
     }
 
     /// As [`Keystore::import`], with `check` run on the parsed key before
     /// anything is saved (the CLI checks there that the TPM loads it).
+    /// The key is given as the PEM text the caller read (once: a file
+    /// read twice may have changed, and a pipe has nothing left).
     pub fn import_checked(
         &self,
         name: &str,
-        pem_path: &Path,
+        pem: &str,
         has_pin: Option<bool>,
         check: impl FnOnce(&KeyBlob) -> Result<()>,
     ) -> Result<(KeyBlob, KeyMeta)> {
         validate_name(name)?;
-        let pem = fs::read_to_string(pem_path).map_err(|e| Error::io(pem_path, e))?;
-        let mut blob = KeyBlob::from_pem(&pem)?;
+        let mut blob = KeyBlob::from_pem(pem)?;
         check(&blob)?;
         if let Some(p) = has_pin {
             blob.empty_auth = !p;

@@ -255,7 +255,10 @@ fn import(
     if store.exists(&name) {
         return Err(exists_already(&name));
     }
-    let pem = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+    // Read once, and at most a key file's size (`/dev/zero` was read
+    // until memory ran out).
+    let pem = String::from_utf8(crate::ui::read_small(file, "a TPM key file")?)
+        .map_err(|_| usage(format!("{}: not a PEM key file", crate::ui::shown(file))))?;
     // A key tpmcrypt could never unbind with is refused before
     // anything else is asked; the TPM then shows that it loads the
     // key under the standard storage key.
@@ -264,7 +267,7 @@ fn import(
     let has_pin = Some(import_has_pin(file, &pem, pin, no_pin)?);
     let access = crate::tpm::access(ui)?;
     let (blob, meta) = store
-        .import_checked(&name, file, has_pin, |blob| {
+        .import_checked(&name, &pem, has_pin, |blob| {
             access.with(|tpm| tpm.check_loads(blob))
         })
         .with_context(|| file.display().to_string())?;

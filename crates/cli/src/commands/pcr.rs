@@ -3,7 +3,7 @@
 //! key-file side lives in `tpmcrypt_tpmkey::signed`; docs/signed-policies.md).
 
 use std::fs::{self, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -14,10 +14,6 @@ use tpmcrypt_tpmkey::{KeyAlg, KeyBlob, Keystore, PcrSelection, Tpm};
 
 use crate::ui::exit::usage;
 use crate::ui::Ui;
-
-/// Largest signer, public key or policy file read (they are a few hundred
-/// bytes).
-const MAX_SMALL_FILE: u64 = 64 * 1024;
 
 /// `tpmcrypt pcr-signer`.
 #[derive(Subcommand, Debug)]
@@ -79,21 +75,9 @@ pub fn run(cmd: &PcrCommand, ui: &Ui) -> anyhow::Result<i32> {
     }
 }
 
-/// Reads a small file whole (at most [`MAX_SMALL_FILE`] bytes).
+/// Reads a key or policy file whole (see [`crate::ui::read_small`]).
 fn read_small(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let ctx = || crate::ui::shown(path);
-    let file = fs::File::open(path).with_context(ctx)?;
-    let mut data = Vec::new();
-    file.take(MAX_SMALL_FILE + 1)
-        .read_to_end(&mut data)
-        .with_context(ctx)?;
-    if data.len() as u64 > MAX_SMALL_FILE {
-        return Err(usage(format!(
-            "{}: too large for a key or policy file",
-            ctx()
-        )));
-    }
-    Ok(data)
+    crate::ui::read_small(path, "a key or policy file")
 }
 
 fn create_signer(out: &Path) -> anyhow::Result<i32> {

@@ -10,6 +10,28 @@ pub mod stdout;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+/// Largest file [`read_small`] reads.
+pub const MAX_SMALL_FILE: u64 = 64 * 1024;
+
+/// Reads `path`, a file that is small when it is what it should be
+/// (`what`: "a key or policy file"), whole: at most [`MAX_SMALL_FILE`]
+/// bytes, else a usage error (a device such as `/dev/zero`, or a wrong
+/// file, is never read until memory runs out).
+pub fn read_small(path: &std::path::Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    use std::io::Read as _;
+    let ctx = || shown(path);
+    let file = std::fs::File::open(path).with_context(ctx)?;
+    let mut data = Vec::new();
+    file.take(MAX_SMALL_FILE + 1)
+        .read_to_end(&mut data)
+        .with_context(ctx)?;
+    if data.len() as u64 > MAX_SMALL_FILE {
+        return Err(exit::usage(format!("{}: too large for {what}", ctx())));
+    }
+    Ok(data)
+}
+
 /// `-` given for a file that is only ever written as a file of its own
 /// (`what`: "a recovery identity is a secret key"): `-` is standard
 /// output everywhere else (`-o -`), so a file named `-` is not what was
