@@ -329,6 +329,27 @@ fn a_recovery_key_given_as_a_pem_is_kept_as_a_recovery_recipient() {
         assert_ok(&run(d, &args), file);
         assert_eq!(who(d, file).1, BTreeSet::from([rec(&fp2)]), "{flag:?}");
     }
+
+    // An identity given through a pipe (`-i <(cmd)`, here /dev/stdin) is
+    // read once: the build before read it twice, found nothing the second
+    // time, and called the identity invalid (exit 2).
+    let mut child = tpmcrypt(d)
+        .args(["rekey", "-i", "/dev/stdin", "-R", &r1, "a.tpmc"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(&fs::read(d.join("r2.key")).unwrap())
+            .unwrap();
+    }
+    let r: Run = child.wait_with_output().expect("wait").into();
+    assert_ok(&r, "rekey -i /dev/stdin");
+    assert_eq!(plaintext(d, &["-i", "r1.key"], "a.tpmc").stdout, b"a");
 }
 
 /// What rekey must not touch: a file that is not a tpmcrypt file (exit

@@ -82,9 +82,26 @@ pub struct Identities {
 /// keys (through the TPM the global flags name, opened on first use).
 /// None at all is a usage error.
 pub fn identities(ui: &Ui, files: &[PathBuf]) -> anyhow::Result<Identities> {
+    identities_read(ui, &read_identity_files(files)?)
+}
+
+/// `-i` identity files, each read once (a pipe, `<(cmd)`, has nothing
+/// left for a second read), with their paths.
+pub type IdentityFiles = Vec<(PathBuf, zeroize::Zeroizing<Vec<u8>>)>;
+
+/// Reads `-i` identity files (see [`IdentityFiles`]).
+pub fn read_identity_files(files: &[PathBuf]) -> anyhow::Result<IdentityFiles> {
+    files
+        .iter()
+        .map(|p| Ok((p.clone(), keys::read_identity_file(p)?)))
+        .collect()
+}
+
+/// [`identities`] of files already read.
+pub fn identities_read(ui: &Ui, files: &IdentityFiles) -> anyhow::Result<Identities> {
     let mut identities = files
         .iter()
-        .map(|p| keys::load_identity(p))
+        .map(|(p, bytes)| keys::parse_identity(p, bytes))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let access = crate::tpm::access(ui)?;
     identities.extend(keys::keystore_identities(ui, &access)?);

@@ -181,12 +181,11 @@ fn recovery_fingerprints(values: &[OsString]) -> anyhow::Result<Vec<Fp>> {
 }
 
 /// The recovery recipients of the `-i` identities.
-fn identity_recipients(paths: &[PathBuf]) -> anyhow::Result<Vec<Arc<dyn Recipient>>> {
+fn identity_recipients(files: &options::IdentityFiles) -> anyhow::Result<Vec<Arc<dyn Recipient>>> {
     let mut out: Vec<Arc<dyn Recipient>> = Vec::new();
-    for p in paths {
-        let bytes = keys::read_identity_file(p)?;
-        // load_identity names any other problem.
-        if let Ok(key) = keys::recovery_key(p, &bytes) {
+    for (p, bytes) in files {
+        // parse_identity names any other problem.
+        if let Ok(key) = keys::recovery_key(p, bytes) {
             out.push(Arc::new(key.recipient()?));
         }
     }
@@ -220,7 +219,11 @@ fn keystore_recovery(ui: &Ui) -> Vec<Arc<dyn Recipient>> {
         .collect()
 }
 
-fn targets(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<Targets> {
+fn targets(
+    args: &RekeyArgs,
+    ui: &Ui,
+    identity_files: &options::IdentityFiles,
+) -> anyhow::Result<Targets> {
     let dropped = recovery_fingerprints(&args.drop_recovery)?;
     let is_dropped =
         |r: &dyn Recipient| r.kind() == kind::RECOVERY_P256 && dropped.contains(&r.fingerprint());
@@ -257,7 +260,7 @@ fn targets(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<Targets> {
     let pool = new
         .iter()
         .cloned()
-        .chain(identity_recipients(&args.identities)?)
+        .chain(identity_recipients(identity_files)?)
         .chain(keystore_recovery(ui));
     for r in pool.filter(|r| r.kind() == kind::RECOVERY_P256) {
         known.entry(r.fingerprint()).or_insert(r);
@@ -387,11 +390,13 @@ fn file_args(args: &RekeyArgs) -> anyhow::Result<FileArgs> {
 pub fn run(args: &RekeyArgs, ui: &Ui) -> anyhow::Result<i32> {
     let start = Instant::now();
     let fargs = file_args(args)?;
-    let targets = targets(args, ui)?;
+    // Each -i file read once: for its recipient and as an identity.
+    let identity_files = options::read_identity_files(&args.identities)?;
+    let targets = targets(args, ui, &identity_files)?;
     let options::Identities {
         list: identities,
         access,
-    } = options::identities(ui, &args.identities)?;
+    } = options::identities_read(ui, &identity_files)?;
     let plan = files::plan(&fargs, Naming::Rekey)?;
     let decryptor =
         Decryptor::new(identities).with_session_cache(Box::new(crate::commands::agent::cache()));
