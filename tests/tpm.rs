@@ -1510,6 +1510,52 @@ fn key_delete_needs_yes_without_a_terminal() {
     assert!(r.stdout.is_empty());
     let r = plain(d, &["key", "delete", "k", "--yes"]);
     assert_eq!(r.code, USAGE, "deleting a missing key: {}", r.stderr);
+
+    // Standard output closed: nothing is done (the build before made the
+    // key, then failed). Full: the key is made, and the error says so
+    // (before: a bare write error, and a retry found the key there).
+    let r = common::run_with_stdout_closed(d, "--simulator key create kc");
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("standard output is closed"),
+        "{}",
+        r.stderr
+    );
+    assert!(key_list(d).is_empty(), "a key made with stdout closed");
+    let full = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let r: Run = tpmcrypt(d)
+        .args(["--simulator", "key", "create", "kf"])
+        .stdout(full())
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let last = r.stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: key kf was created; only its report failed: <stdout>")
+            && last.contains("No space left"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(key_list(d).len(), 1, "kf made");
+    let r: Run = tpmcrypt(d)
+        .args(["key", "delete", "kf", "--yes"])
+        .stdout(full())
+        .output()
+        .unwrap()
+        .into();
+    assert_one_line(
+        &r,
+        1,
+        &["key kf was deleted", "only its report failed"],
+        "delete > /dev/full",
+    );
+    assert!(key_list(d).is_empty(), "kf deleted");
 }
 
 /// `tpmcrypt ARGS…` under strace, with `action` (`delay_enter=US`,

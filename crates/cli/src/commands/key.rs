@@ -246,6 +246,8 @@ fn import(
     name: Option<&str>,
     pin_flags: (bool, bool),
 ) -> anyhow::Result<i32> {
+    // Nothing is imported that could not be reported.
+    crate::ui::stdout::ensure_open()?;
     let (pin, no_pin) = pin_flags;
     let name = match name {
         Some(n) => n.to_string(),
@@ -272,7 +274,8 @@ fn import(
         })
         .with_context(|| file.display().to_string())?;
     let fp = hex::encode(fingerprint_spki(&blob.public_key_der()?));
-    crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))?;
+    crate::ui::stdout::line(&format!("imported {name} ({}), fingerprint {fp}", meta.alg))
+        .context(format!("key {name} was imported; only its report failed"))?;
     for other in store.list()?.iter().filter(|n| **n != name) {
         if describe(store, other).is_ok_and(|k| k.fingerprint == fp) {
             stderr_line!(
@@ -325,6 +328,8 @@ fn show(store: &Keystore, name: &str) -> anyhow::Result<i32> {
 
 /// `key delete NAME`: after a confirmation (or `--yes`).
 fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
+    // Nothing is done that could not be reported.
+    crate::ui::stdout::ensure_open()?;
     if !store.exists(name) {
         // A delete cut short left the public key or metadata: nothing to
         // confirm (the key file, the only thing of value, is gone).
@@ -348,7 +353,8 @@ fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
         return Ok(crate::ui::exit::OTHER);
     }
     store.delete(name)?;
-    crate::ui::stdout::line(&format!("deleted {name}"))?;
+    let said = crate::ui::stdout::line(&format!("deleted {name}"))
+        .context(format!("key {name} was deleted; only its report failed"));
     // The agent keeps session keys by file or by encryption scope, not by
     // key: those it holds (unwrapped for a decrypt, or a shared encryption
     // session's) still open files of the deleted key until they expire.
@@ -365,6 +371,7 @@ fn delete(store: &Keystore, name: &str, yes: bool) -> anyhow::Result<i32> {
             );
         }
     }
+    said?;
     Ok(crate::ui::exit::OK)
 }
 
@@ -399,6 +406,8 @@ fn new_pin(args: &CreateArgs, ui: &Ui) -> anyhow::Result<Option<Zeroizing<Vec<u8
 }
 
 fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
+    // Nothing is made that could not be reported.
+    crate::ui::stdout::ensure_open()?;
     tpmcrypt_tpmkey::keystore::validate_name(&args.name)?;
     if store.exists(&args.name) {
         if !args.force {
@@ -461,10 +470,16 @@ fn create(args: &CreateArgs, ui: &Ui, store: &Keystore) -> anyhow::Result<i32> {
         } else {
             ""
         }
-    ))?;
-    crate::ui::stdout::line(&format!(
-        "public key: {}",
-        store.pub_path(&args.name).display()
+    ))
+    .and_then(|()| {
+        crate::ui::stdout::line(&format!(
+            "public key: {}",
+            store.pub_path(&args.name).display()
+        ))
+    })
+    .context(format!(
+        "key {} was created; only its report failed",
+        args.name
     ))?;
     if meta.recovery.is_empty() {
         stderr_line!(
