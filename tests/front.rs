@@ -387,6 +387,48 @@ fn without_tpmcrypt_full_a_handed_over_run_is_one_error_line() {
     common::assert_error_line(&x, 1, None, &["tpmcrypt-full"], "--version, full in PATH");
 }
 
+/// A tpmcrypt-full that another user owns, or that others may replace (it
+/// or its directory writable by them), is not run: one error line (exit
+/// 1). The build before ran it, with this user's environment and
+/// descriptors (PIN sources, the agent's socket).
+#[test]
+fn a_tpmcrypt_full_another_user_could_have_put_there_is_not_run() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch();
+    let d = dir.path();
+    let inst = d.join("inst");
+    fs::create_dir(&inst).unwrap();
+    fs::set_permissions(&inst, fs::Permissions::from_mode(0o755)).unwrap();
+    copy_executable(&common::bin(), &inst.join("tpmcrypt"));
+    copy_executable(&full(), &inst.join("tpmcrypt-full"));
+    let copy = inst.join("tpmcrypt-full");
+    let version = || -> Run {
+        let mut cmd = common::wrapper(d, inst.join("tpmcrypt").to_str().unwrap());
+        cmd.arg("--version").output().expect("spawn").into()
+    };
+    assert_ok(&version(), "--version");
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).expect("chown (root, as CI runs)");
+    let r = version();
+    common::assert_error_line(&r, 1, None, &["owned by uid 65534", "not run"], "another's");
+    assert!(r.stdout.is_empty());
+    std::os::unix::fs::chown(&copy, Some(0), Some(0)).unwrap();
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o777)).unwrap();
+    let r = version();
+    common::assert_error_line(&r, 1, None, &["writable by other users", "not run"], "0777");
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&inst, fs::Permissions::from_mode(0o1777)).unwrap();
+    let r = version();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["its directory is writable by other users", "not run"],
+        "a sticky directory",
+    );
+    fs::set_permissions(&inst, fs::Permissions::from_mode(0o755)).unwrap();
+    assert_ok(&version(), "--version again");
+}
+
 /// Installed as the Debian package lays it out: bin/tpmcrypt and
 /// libexec/tpmcrypt/tpmcrypt-full.
 #[test]

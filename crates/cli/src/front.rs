@@ -421,6 +421,38 @@ fn full_path() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Why `full` must not be run, if so: it, or its directory, is owned by
+/// another user than root and this one, or writable by others, or by a
+/// group other than this user's own (a build made under umask 002 has
+/// the user's private group, which may write).
+/// It runs with this user's environment and descriptors (PIN sources,
+/// the agent's socket), so it must be what root or this user put there,
+/// and what nobody else could replace.
+fn untrusted(full: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    // SAFETY: getegid cannot fail.
+    let my_group = unsafe { libc::getegid() };
+    let check = |path: &Path, what: &str| -> Option<String> {
+        let m = std::fs::metadata(path).ok()?;
+        if m.uid() != 0 && m.uid() != me {
+            return Some(format!(
+                "{what} is owned by uid {}, not by you (uid {me}) or root",
+                m.uid()
+            ));
+        }
+        if m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group) {
+            return Some(format!(
+                "{what} is writable by other users (mode {:04o})",
+                m.mode() & 0o7777
+            ));
+        }
+        None
+    };
+    check(full, "it").or_else(|| full.parent().and_then(|dir| check(dir, "its directory")))
+}
+
 /// Replaces this process with `tpmcrypt-full`, given the same arguments.
 fn hand_over(argv: &[OsString]) -> ! {
     let Some(full) = full_path() else {
@@ -431,6 +463,14 @@ fn hand_over(argv: &[OsString]) -> ! {
         );
         std::process::exit(crate::ui::exit::OTHER);
     };
+    if let Some(why) = untrusted(&full) {
+        stderr_line!(
+            "{} {}: {why}; not run",
+            crate::ui::colour::error(),
+            crate::ui::printable(&full.display().to_string())
+        );
+        std::process::exit(crate::ui::exit::OTHER);
+    }
     if crate::ui::stdout::closed_at_start() {
         // Closed again, as it was given: tpmcrypt-full tells a closed
         // standard output from /dev/null only at its own start.
