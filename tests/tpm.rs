@@ -2352,3 +2352,33 @@ fn an_encrypt_asks_the_agent_once_for_its_session() {
     assert_eq!(fs::read(d.join("a")).unwrap(), bytes(4000, 1));
     assert_eq!(fs::read(d.join("b")).unwrap(), bytes(4000, 2));
 }
+
+/// A key name that is not one, or that names no key, is bad input: exit 2,
+/// one line, the name escaped. The build before gave exit 1 for these
+/// (and printed a newline in a name as it was).
+#[test]
+fn bad_and_missing_key_names_are_usage_errors() {
+    let dir = scratch();
+    let d = dir.path();
+    for name in ["../evil", ".x", "a\nb", &"n".repeat(65)] {
+        let r = plain(d, &["key", "create", name]);
+        assert_one_line(
+            &r,
+            USAGE,
+            &["invalid key name"],
+            &format!("create {name:?}"),
+        );
+    }
+    fs::write(d.join("k.pem"), b"x").unwrap();
+    let r = plain(d, &["key", "import", "k.pem", "--name", "my key"]);
+    assert_one_line(&r, USAGE, &["invalid key name"], "import as 'my key'");
+
+    for args in [
+        &["key", "show", "nokey"][..],
+        &["key", "export", "nokey"][..],
+        &["key", "add-policy", "nokey", "k.pem"][..],
+    ] {
+        let r = plain(d, args);
+        assert_one_line(&r, USAGE, &["no key named", "nokey"], &format!("{args:?}"));
+    }
+}

@@ -154,6 +154,10 @@ pub enum Error {
     #[error("tpmcrypt can never unbind with this key: {0}")]
     Unusable(String),
 
+    /// A key name that is not one, or that names no key: bad input.
+    #[error("{0}")]
+    KeyName(String),
+
     /// A recipient that cannot be used (a keystore key's public half, or a
     /// recovery recipient recorded for it). The CLI treats it as bad input.
     #[error("{0}")]
@@ -251,7 +255,9 @@ impl Error {
             | Error::PinUnavailable(_)
             | Error::PinNotRecorded(_)
             | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
-            Error::Unusable(_) | Error::InvalidRecipient(_) => ExitClass::Unusable,
+            Error::Unusable(_) | Error::InvalidRecipient(_) | Error::KeyName(_) => {
+                ExitClass::Unusable
+            }
             _ => ExitClass::Other,
         }
     }

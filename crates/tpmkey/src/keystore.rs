@@ -103,8 +103,8 @@ pub fn validate_name(name: &str) -> Result<()> {
         || name.starts_with('.')
         || name.starts_with('-')
     {
-        return Err(Error::InvalidInput(format!(
-            "invalid key name '{name}': use 1-64 characters from A-Z a-z 0-9 . _ - \
+        return Err(Error::KeyName(format!(
+            "invalid key name {name:?}: use 1-64 characters from A-Z a-z 0-9 . _ - \
              (not starting with '.' or '-')"
         )));
     }
@@ -377,7 +377,7 @@ impl Keystore {
         let pem = match trust::read_private_file(&path, "the key file") {
             Ok(bytes) => bytes,
             Err(e) if not_found(&e) => {
-                return Err(Error::Keystore(format!(
+                return Err(Error::KeyName(format!(
                     "no key named '{name}' in {}",
                     self.dir.display()
                 )))
@@ -471,7 +471,7 @@ impl Keystore {
             self.meta_path(name),
         ];
         if !paths.iter().any(|p| fs::symlink_metadata(p).is_ok()) {
-            return Err(Error::Keystore(format!("no key named '{name}'")));
+            return Err(Error::KeyName(format!("no key named '{name}'")));
         }
         remove_files(&paths)?;
         sync_dir(&self.dir)
