@@ -107,6 +107,15 @@ fn man_pages_cover_the_help_tree_and_render() {
     let out = dir.path().join("man/man1");
     let r = run(dir.path(), &["man-pages", out.to_str().unwrap()]);
     assert_ok(&r, "man-pages");
+    // `--help` is help, and another option a usage error: neither makes a
+    // directory of that name (the build before wrote 26 pages into
+    // `./--help`).
+    let r = run(dir.path(), &["man-pages", "--help"]);
+    assert_ok(&r, "man-pages --help");
+    assert!(String::from_utf8_lossy(&r.stdout).contains("Usage: tpmcrypt man-pages DIR"));
+    let r = run(dir.path(), &["man-pages", "-x"]);
+    common::assert_error_line(&r, 2, None, &["not an option", "./-x"], "man-pages -x");
+    assert!(!dir.path().join("--help").exists() && !dir.path().join("-x").exists());
     let mut expected = BTreeSet::new();
     pages_from_help(dir.path(), &mut Vec::new(), &mut expected);
     assert!(expected.contains("tpmcrypt-key-create.1"), "{expected:?}");

@@ -23,6 +23,22 @@ pub fn from_args(args: &[OsString]) -> Option<i32> {
         return None;
     }
     let code = match &args[2..] {
+        [flag] if flag == "--help" || flag == "-h" => crate::ui::stdout::line(
+            "Write the manual pages into DIR (created if missing)\n\n\
+                 Usage: tpmcrypt man-pages DIR\n\n\
+                 A DIR that begins with - is named as ./-DIR.",
+        )
+        .map_or_else(|err| exit::code_for(&err), |()| exit::OK),
+        // `--help` or any other option is not a directory to make.
+        [dir] if dir.as_encoded_bytes().starts_with(b"-") => {
+            stderr_line!(
+                "error: man-pages takes one directory, not an option ({}); for a directory of \
+                 that name, give ./{}",
+                crate::ui::shown(Path::new(dir)),
+                crate::ui::shown(Path::new(dir))
+            );
+            exit::USAGE
+        }
         [dir] if !dir.is_empty() => match run(Path::new(dir)) {
             Ok(code) => code,
             Err(err) => {
