@@ -1,9 +1,12 @@
 //! `tpmcrypt bench` end to end: the real binary, `--quick --simulator`
 //! (swtpm must be installed: without it these tests fail, by design).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
+use common::{assert_error_line, assert_ok, run_within};
 use serde_json::Value;
 
 fn bin() -> &'static str {
@@ -294,4 +297,159 @@ fn simulator_from_the_environment() {
     assert_eq!(doc["tpm"]["source"], "simulator");
     assert_eq!(doc["tpm"]["unbinds_performed"], 3);
     assert_eq!(doc["tpm"]["unbind_count"], 3);
+}
+
+/// The shortest run that still writes every report: one size, one
+/// repeat, nothing optional (a tenth of a second).
+const SHORT: [&str; 8] = [
+    "bench",
+    "--sizes",
+    "16K",
+    "--repeat",
+    "1",
+    "--no-matrix",
+    "--no-peers",
+    "--no-per-file",
+];
+
+/// `bench SHORT… extra…` in `dir`, which must end within 20 s (a FIFO
+/// must not hold it).
+fn short_run(dir: &Path, extra: &[&str]) -> common::Run {
+    let mut args: Vec<&str> = SHORT.to_vec();
+    args.extend_from_slice(extra);
+    run_within(dir, &args, 20)
+}
+
+/// --json-file, --csv and --plot replace only what an earlier bench wrote
+/// there (or an empty file), checked before any work; never a key, a
+/// symlink, a FIFO, a device, a directory or another user's file; their
+/// directory must exist; `-` is refused; written under a temporary name
+/// and renamed (a hard link to the old file keeps the old contents).
+#[test]
+fn report_files_never_replace_data_or_a_special_file() {
+    use std::fs;
+    use std::os::unix::fs::{symlink, FileTypeExt, MetadataExt};
+    let _serial = serial();
+    let dir = common::scratch("bench-reports");
+    let d = dir.path();
+    // What an earlier run wrote, for each option.
+    let r = short_run(
+        d,
+        &[
+            "--json-file",
+            "old.json",
+            "--csv",
+            "old.csv",
+            "--plot",
+            "old.svg",
+        ],
+    );
+    assert_ok(&r, "a first run");
+    let earlier = |opt: &str| match opt {
+        "--json-file" => ("old.json", "json"),
+        "--csv" => ("old.csv", "csv"),
+        _ => ("old.svg", "svg"),
+    };
+    let refused = |r: &common::Run, opt: &str, path: &str, what: &str| {
+        assert_error_line(r, 2, Some(&format!("{opt} {path}")), &[], what);
+        assert!(
+            r.stdout.is_empty(),
+            "{what}: work was done before the refusal"
+        );
+    };
+    fs::write(d.join("rec.key"), b"tpmcrypt-recovery-identity: precious\n").unwrap();
+    fs::create_dir(d.join("adir")).unwrap();
+    let c = std::ffi::CString::new(d.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for opt in ["--json-file", "--csv", "--plot"] {
+        let (old, ext) = earlier(opt);
+        // A key file, under the option's own extension too.
+        let key = format!("key.{ext}");
+        fs::copy(d.join("rec.key"), d.join(&key)).unwrap();
+        // A symlink to an earlier report, a FIFO, a directory, another
+        // user's earlier report.
+        let link = format!("link.{ext}");
+        symlink(old, d.join(&link)).unwrap();
+        let fifo = format!("fifo.{ext}");
+        fs::rename(d.join("fifo"), d.join(&fifo)).unwrap();
+        let adir = format!("adir.{ext}");
+        fs::rename(d.join("adir"), d.join(&adir)).unwrap();
+        let theirs = format!("theirs.{ext}");
+        fs::copy(d.join(old), d.join(&theirs)).unwrap();
+        std::os::unix::fs::lchown(d.join(&theirs), Some(65534), Some(65534))
+            .expect("chown (the tests run as root, as CI does)");
+        for (path, what) in [
+            (key.as_str(), "a recovery key"),
+            (&link, "a symlink"),
+            (&fifo, "a FIFO"),
+            (&adir, "a directory"),
+            (&theirs, "another user's file"),
+            (&format!("nodir/r.{ext}"), "a missing directory"),
+        ] {
+            let r = short_run(d, &[opt, path]);
+            refused(&r, opt, path, &format!("{opt} {what}"));
+        }
+        assert_eq!(
+            fs::read(d.join(&key)).unwrap(),
+            fs::read(d.join("rec.key")).unwrap(),
+            "{opt}: the key was replaced"
+        );
+        assert!(fs::symlink_metadata(d.join(&link)).unwrap().is_symlink());
+        assert!(fs::symlink_metadata(d.join(&fifo))
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        assert!(d.join(&adir).is_dir());
+        assert_eq!(fs::metadata(d.join(&theirs)).unwrap().uid(), 65534);
+        assert!(!d.join("nodir").exists());
+        fs::rename(d.join(&fifo), d.join("fifo")).unwrap();
+        fs::rename(d.join(&adir), d.join("adir")).unwrap();
+    }
+    // `-` is no file name here (--json prints the JSON on stdout).
+    for (opt, path) in [("--json-file", "-"), ("--csv", "-")] {
+        let r = short_run(d, &[opt, path]);
+        refused(&r, opt, path, &format!("{opt} -"));
+        assert!(!d.join("-").exists(), "{opt}: a file named -");
+    }
+    // One bad path refuses the run before any report is written.
+    let r = short_run(d, &["--json-file", "nodir/x.json", "--csv", "ok.csv"]);
+    refused(&r, "--json-file", "nodir/x.json", "one bad path of two");
+    assert!(!d.join("ok.csv").exists(), "the other report was written");
+
+    // What an earlier bench wrote, and empty files, are replaced: under a
+    // temporary name renamed over them (a hard link keeps the old file).
+    fs::write(d.join("empty.png"), b"").unwrap();
+    fs::hard_link(d.join("old.json"), d.join("old-link.json")).unwrap();
+    let before = fs::read(d.join("old.json")).unwrap();
+    let r = short_run(
+        d,
+        &[
+            "--json-file",
+            "old.json",
+            "--csv",
+            "old.csv",
+            "--plot",
+            "empty.png",
+        ],
+    );
+    assert_ok(&r, "replacing earlier reports");
+    assert_eq!(
+        fs::read(d.join("old-link.json")).unwrap(),
+        before,
+        "written in place"
+    );
+    assert_ne!(
+        fs::read(d.join("old.json")).unwrap(),
+        before,
+        "not replaced"
+    );
+    assert!(fs::read(d.join("empty.png"))
+        .unwrap()
+        .starts_with(b"\x89PNG"));
+    let r = short_run(d, &["--plot", "old.svg"]);
+    assert_ok(&r, "replacing an earlier SVG");
+    // A PNG cannot be told from any other: a non-empty one is kept.
+    let r = short_run(d, &["--plot", "empty.png"]);
+    refused(&r, "--plot", "empty.png", "a non-empty PNG");
 }

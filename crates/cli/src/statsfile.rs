@@ -49,7 +49,6 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
         // Standard input's names are symlinks there: refused below.
         Some(Stream::In) | None => {}
     }
-    let raw = path.as_os_str().as_encoded_bytes();
     if let Ok(m) = fs::symlink_metadata(path) {
         let same =
             |p: &Path| fs::metadata(p).is_ok_and(|o| (o.dev(), o.ino()) == (m.dev(), m.ino()));
@@ -60,25 +59,14 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
                 }
             }
         }
-        if let Some(why) = replace_refusal(path, run_figures) {
-            return Err(refuse(why));
-        }
     }
-    if raw.ends_with(b"/") {
-        return Err(refuse("ends with /: give a file name".into()));
+    if let Some(why) = place_refusal(path, &json_of(run_figures)) {
+        return Err(refuse(why));
     }
-    let dir = crate::atomic::parent_dir(path);
-    let key = match fs::metadata(dir) {
-        Ok(m) if m.is_dir() => entry_key(path, &mut HashMap::new()),
-        Ok(_) => {
-            return Err(refuse(format!("{} is not a directory", shown(dir))));
-        }
-        Err(_) => None,
-    };
-    let Some(key) = key else {
+    let Some(key) = entry_key(path, &mut HashMap::new()) else {
         return Err(refuse(format!(
             "its directory {} does not exist or cannot be reached",
-            shown(dir)
+            shown(crate::atomic::parent_dir(path))
         )));
     };
     let mut dirs = HashMap::new();
@@ -115,6 +103,21 @@ pub fn check(path: &Path, plan: &Plan, args: &FileArgs) -> anyhow::Result<Target
 /// round found each of them replaced by the JSON. Also for `watch
 /// --stats-json`.
 pub fn replace_refusal(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> Option<String> {
+    replace_refusal_of(path, &json_of(earlier))
+}
+
+/// What an earlier run wrote, told from the bytes of a file (its first
+/// MiB; never called for an empty file).
+pub type Earlier<'a> = &'a dyn Fn(&[u8]) -> bool;
+
+/// A JSON document `earlier` recognises.
+fn json_of(earlier: fn(&serde_json::Value) -> bool) -> impl Fn(&[u8]) -> bool {
+    move |text| serde_json::from_slice::<serde_json::Value>(text).is_ok_and(|v| earlier(&v))
+}
+
+/// [`replace_refusal`] for a file of any format: `earlier` tells what an
+/// earlier run wrote from its bytes (also `bench --csv`, `--plot`).
+pub fn replace_refusal_of(path: &Path, earlier: Earlier) -> Option<String> {
     let m = fs::symlink_metadata(path).ok()?;
     if let Some(kind) = crate::ui::not_regular(&m) {
         return Some(format!(
@@ -143,7 +146,7 @@ fn run_figures(v: &serde_json::Value) -> bool {
 
 /// Whether the regular file `path` is empty or holds figures `earlier`
 /// recognises.
-fn holds_figures(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> bool {
+fn holds_figures(path: &Path, earlier: Earlier) -> bool {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     const MAX: u64 = 1 << 20;
@@ -161,7 +164,47 @@ fn holds_figures(path: &Path, earlier: fn(&serde_json::Value) -> bool) -> bool {
     if text.is_empty() {
         return true;
     }
-    serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|v| earlier(&v))
+    earlier(&text)
+}
+
+/// Why figures may not be written at `path`, or None if they may: what
+/// [`replace_refusal_of`] refuses, a name ending in `/`, and a directory
+/// that does not exist. Checked before any work (`--stats-json`, and
+/// `bench --json-file`, `--csv`, `--plot`).
+pub fn place_refusal(path: &Path, earlier: Earlier) -> Option<String> {
+    if fs::symlink_metadata(path).is_ok() {
+        if let Some(why) = replace_refusal_of(path, earlier) {
+            return Some(why);
+        }
+    }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Some("ends with /: give a file name".into());
+    }
+    let dir = crate::atomic::parent_dir(path);
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(format!("{} is not a directory", shown(dir))),
+        Err(_) => Some(format!(
+            "its directory {} does not exist or cannot be reached",
+            shown(dir)
+        )),
+    }
+}
+
+/// Writes `bytes` to the regular file `path` (`label`: the option and
+/// path, for errors), checked once more against [`replace_refusal_of`]
+/// (something else may have been put there since the run began), under a
+/// temporary name renamed over it: a failure leaves the old file.
+pub fn write_file(path: &Path, label: &str, bytes: &[u8], earlier: Earlier) -> anyhow::Result<()> {
+    if let Some(why) = replace_refusal_of(path, earlier) {
+        anyhow::bail!("{label}: {why} (it changed during the run)");
+    }
+    let mut out =
+        crate::atomic::AtomicFile::create(path, 0o644, true).with_context(|| label.to_string())?;
+    out.file()
+        .write_all(bytes)
+        .with_context(|| label.to_string())?;
+    out.commit().with_context(|| label.to_string())
 }
 
 /// A directory entry as (its directory, resolved; its name): two paths
@@ -195,17 +238,11 @@ pub fn write(target: &Target, text: &str) -> anyhow::Result<()> {
         Target::Stderr => io::stderr()
             .write_all(text.as_bytes())
             .context("--stats-json: writing to standard error"),
-        Target::File(path) => {
-            let label = || format!("--stats-json {}", shown(path));
-            // Checked again: something else may have been put there since
-            // the run began (a key moved onto the name).
-            if let Some(why) = replace_refusal(path, run_figures) {
-                anyhow::bail!("{}: {why} (it changed during the run)", label());
-            }
-            let mut out =
-                crate::atomic::AtomicFile::create(path, 0o644, true).with_context(label)?;
-            out.file().write_all(text.as_bytes()).with_context(label)?;
-            out.commit().with_context(label)
-        }
+        Target::File(path) => write_file(
+            path,
+            &format!("--stats-json {}", shown(path)),
+            text.as_bytes(),
+            &json_of(run_figures),
+        ),
     }
 }

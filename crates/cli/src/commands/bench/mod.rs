@@ -25,6 +25,7 @@ mod child;
 mod engine;
 mod load;
 mod matrix;
+mod outputs;
 mod peers;
 mod perfile;
 mod plot;
@@ -167,22 +168,32 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     check_args(args)?;
     let started = Instant::now();
     let (mut results, explicit_tpm) = engine::measure(args, ui)?;
-    if let Some(p) = &args.plot {
-        plot::render(p, &plot::data(&results)).with_context(|| p.display().to_string())?;
-    }
     results.duration_s = started.elapsed().as_secs_f64();
     let json = serde_json::to_string_pretty(&results)? + "\n";
+    // The table first: a report that cannot be written loses nothing else.
     if args.json {
         stderr_text!("{}", results.table());
         crate::ui::stdout::write_all(json.as_bytes())?;
     } else {
         crate::ui::stdout::write_all(results.table().as_bytes())?;
     }
-    if let Some(p) = &args.json_file {
-        std::fs::write(p, &json).with_context(|| p.display().to_string())?;
+    let mut failed = None;
+    for report in outputs::reports(args) {
+        let bytes = match report.option {
+            "--json-file" => Ok(json.clone().into_bytes()),
+            "--csv" => results.csv().map(String::into_bytes).map_err(Into::into),
+            _ => plot::render(report.path, &plot::data(&results)),
+        };
+        let written = bytes
+            .with_context(|| format!("{} {}", report.option, crate::ui::shown(report.path)))
+            .and_then(|b| report.write(&b));
+        // Every report is tried; the first failure is the run's error.
+        if let Err(e) = written {
+            failed.get_or_insert(e);
+        }
     }
-    if let Some(p) = &args.csv {
-        std::fs::write(p, results.csv()?).with_context(|| p.display().to_string())?;
+    if let Some(e) = failed {
+        return Err(e);
     }
     if explicit_tpm && !results.tpm.available {
         return Ok(crate::ui::exit::TPM);
@@ -222,7 +233,7 @@ fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
             ));
         }
     }
-    Ok(())
+    outputs::check(args)
 }
 
 /// Whether two report paths are one file: the same existing file, or the

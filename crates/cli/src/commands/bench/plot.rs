@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context as _};
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
@@ -93,8 +93,11 @@ fn pe<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing the plot: {e}")
 }
 
-/// Renders to `path` (`.svg` or `.png`).
-pub fn render(path: &Path, data: &PlotData) -> anyhow::Result<()> {
+/// Renders the figure as the bytes of a file named `path` (`.svg` or
+/// `.png`, by its extension); the caller writes them (atomically). A PNG
+/// is drawn into a private temporary directory first (the plotting
+/// library writes PNGs only to a path).
+pub fn render(path: &Path, data: &PlotData) -> anyhow::Result<Vec<u8>> {
     ensure_font()?;
     let ext = path
         .extension()
@@ -103,19 +106,42 @@ pub fn render(path: &Path, data: &PlotData) -> anyhow::Result<()> {
     let size = (1400, 1100);
     match ext.as_deref() {
         Some("svg") => {
-            let root = SVGBackend::new(path, size).into_drawing_area();
-            draw(&root, data)?;
-            root.present().map_err(pe)?;
+            let mut text = String::new();
+            {
+                let root = SVGBackend::with_string(&mut text, size).into_drawing_area();
+                draw(&root, data)?;
+                root.present().map_err(pe)?;
+            }
+            Ok(text.into_bytes())
         }
         Some("png") => {
-            let root = BitMapBackend::new(path, size).into_drawing_area();
-            draw(&root, data)?;
-            root.present().map_err(pe)?;
+            let tmp = tempfile::Builder::new()
+                .prefix("tpmcrypt-plot-")
+                .tempdir()
+                .context("a temporary directory for the plot")?;
+            let file = tmp.path().join("plot.png");
+            {
+                let root = BitMapBackend::new(&file, size).into_drawing_area();
+                draw(&root, data)?;
+                root.present().map_err(pe)?;
+            }
+            std::fs::read(&file).context("reading the drawn plot")
         }
         _ => bail!("{}: the plot file must end in .svg or .png", path.display()),
     }
-    Ok(())
 }
+
+/// Whether `text` is an SVG this figure was drawn as: the plotting
+/// library's `<svg` element and the figure's title (see [`data`]), in the
+/// first KiB.
+pub fn is_bench_svg(text: &[u8]) -> bool {
+    let head = &text[..text.len().min(1024)];
+    head.starts_with(b"<svg ")
+        && memchr::memmem::find(head, format!("\n{TITLE_START}").as_bytes()).is_some()
+}
+
+/// How the figure's title begins.
+const TITLE_START: &str = "tpmcrypt bench \u{2014} ";
 
 const UNBIND: RGBColor = RGBColor(214, 96, 77);
 const HW: RGBColor = RGBColor(33, 102, 172);
@@ -372,7 +398,7 @@ pub fn data(r: &Results) -> PlotData {
         .unwrap_or_else(|| "no unbind".into());
     PlotData {
         title: format!(
-            "tpmcrypt bench — {} — tpmcrypt {}",
+            "{TITLE_START}{} — tpmcrypt {}",
             r.system.cpu_model, r.system.tpmcrypt_version
         ),
         unbind_label,

@@ -50,6 +50,21 @@ struct Row<'a> {
 #[error("writing the CSV: {0}")]
 pub struct CsvError(#[from] ::csv::Error);
 
+/// Whether `text` begins with the header line this CSV is written with:
+/// a file an earlier bench wrote, which `--csv` may replace.
+pub fn is_bench_csv(text: &[u8]) -> bool {
+    let mut w = ::csv::Writer::from_writer(Vec::new());
+    let Ok(header) = w
+        .serialize(Row::default())
+        .map_err(CsvError)
+        .and_then(|()| w.into_inner().map_err(|e| CsvError(e.into_error().into())))
+    else {
+        return false;
+    };
+    let first = |t: &[u8]| t.split(|&b| b == b'\n').next().map(<[u8]>::to_vec);
+    first(&header).is_some_and(|h| first(text) == Some(h))
+}
+
 impl Results {
     /// One CSV table, long format: one line per measured or derived value.
     pub fn csv(&self) -> Result<String, CsvError> {

@@ -15,6 +15,19 @@ use super::stats::Fit;
 use super::sysinfo::System;
 use super::tpm::TpmResult;
 
+pub use self::csv::is_bench_csv;
+
+/// Whether `v` is a document of this JSON (the keys of [`Results`] that
+/// no other figures tpmcrypt writes have): a file an earlier bench wrote,
+/// which `--json-file` may replace.
+pub fn is_bench_json(v: &serde_json::Value) -> bool {
+    v.get("schema_version")
+        .is_some_and(serde_json::Value::is_u64)
+        && ["bulk", "tpm", "split", "software_aes"]
+            .iter()
+            .all(|k| v.get(k).is_some())
+}
+
 /// Bumped on incompatible changes to the JSON.
 pub const SCHEMA_VERSION: u32 = 1;
 
