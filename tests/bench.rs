@@ -248,6 +248,11 @@ fn unreachable_tpm_is_reported_and_the_rest_still_runs() {
         "an explicit TPM that fails exits 4"
     );
     assert!(stdout.contains("TPM unavailable"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().count() == 1 && stderr.starts_with("error: TPM unavailable: "),
+        "one line says why: {stderr}"
+    );
     assert!(stdout.contains("PROJECTION"));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
         .expect("valid JSON");
@@ -452,4 +457,33 @@ fn report_files_never_replace_data_or_a_special_file() {
     // A PNG cannot be told from any other: a non-empty one is kept.
     let r = short_run(d, &["--plot", "empty.png"]);
     refused(&r, "--plot", "empty.png", "a non-empty PNG");
+}
+
+/// A TPM asked for with --tpm that fails part-way ("no room" for another
+/// object: what killed programs leave on a TPM without a resource
+/// manager) is exit 4 with one line, the report still printed.
+#[test]
+fn an_explicit_tpm_that_stops_early_is_exit_4() {
+    let _serial = serial();
+    let dir = common::scratch("bench-tpm-full");
+    let d = dir.path();
+    let sim = common::swtpm(d, "swtpm");
+    for i in 0..3 {
+        common::tpm2_tool(
+            &sim,
+            d,
+            &["tpm2_createprimary", "-C", "o", "-c", &format!("p{i}.ctx")],
+        );
+    }
+    let r = short_run(d, &["--tpm", &sim.tcti(), "--json-file", "r.json"]);
+    assert_error_line(&r, 4, None, &["stopped early", "no room"], "a full TPM");
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("TPM measurement stopped early"),
+        "the table is printed"
+    );
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(d.join("r.json")).expect("json written")).unwrap();
+    assert!(doc["tpm"]["reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("no room")));
 }

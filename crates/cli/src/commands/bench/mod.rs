@@ -195,10 +195,26 @@ pub fn run(args: &BenchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
     if let Some(e) = failed {
         return Err(e);
     }
-    if explicit_tpm && !results.tpm.available {
+    // A TPM asked for (--tpm, --simulator) that could not be used, or
+    // failed part-way: the report is out, the run's one line says why.
+    if let Some(why) = explicit_tpm.then(|| tpm_failure(&results.tpm)).flatten() {
+        stderr_line!("{} {why}", crate::ui::colour::error());
         return Ok(crate::ui::exit::TPM);
     }
     Ok(crate::ui::exit::OK)
+}
+
+/// Why the TPM part failed, as the run's error line: not reached, or
+/// stopped early (its `reason` once reached).
+fn tpm_failure(t: &tpm::TpmResult) -> Option<String> {
+    let reason = || crate::ui::printable(t.reason.as_deref().unwrap_or("unknown reason"));
+    if !t.available {
+        Some(format!("TPM unavailable: {}", reason()))
+    } else {
+        t.reason
+            .as_ref()
+            .map(|_| format!("TPM measurement stopped early: {}", reason()))
+    }
 }
 
 /// Usage errors the flags' parsers cannot see.
