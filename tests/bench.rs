@@ -487,3 +487,183 @@ fn an_explicit_tpm_that_stops_early_is_exit_4() {
         .as_str()
         .is_some_and(|r| r.contains("no room")));
 }
+
+/// Waits up to `secs` for `child`, which must end by `signal` (as a shell
+/// sees it, 128 + the signal); killed and failed otherwise.
+fn ended_by(mut child: std::process::Child, signal: i32, secs: u64, what: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running {secs} s after the signal");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(signal), "{what}: {status:?}");
+}
+
+/// Whether process `pid` is still running (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().to_string()))
+        .is_some_and(|r| !r.starts_with('Z'))
+}
+
+/// Waits up to 10 s for every process of `pids` to end.
+fn all_end(pids: &[u32], what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {:?} still running (orphaned)",
+            pids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Polls `ready` every 20 ms for up to 20 s; kills `child` and fails if
+/// it never holds.
+fn wait_for<T>(
+    child: &mut std::process::Child,
+    what: &str,
+    mut ready: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(v) = ready() {
+            return v;
+        }
+        if std::time::Instant::now() > deadline || child.try_wait().expect("wait").is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("{what}: never ready; stderr: {err}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+const SIGNALS: [(i32, &str); 3] = [
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGHUP, "HUP"),
+];
+
+/// `bench watch` interrupted (SIGTERM, SIGINT, SIGHUP) stops its daemon
+/// and removes its scratch tree (plaintext, a generated identity) before
+/// it ends by the signal; killed (SIGKILL), its daemon still ends with it.
+/// Under umask 0 its scratch directories are 0700 and its files 0600.
+#[test]
+fn an_interrupted_bench_watch_stops_its_daemon_and_removes_its_scratch_tree() {
+    use common::mode_of;
+    let _serial = serial();
+    let dir = common::scratch("bench-watch-signals");
+    let d = dir.path();
+    for (signal, name) in SIGNALS.into_iter().chain([(libc::SIGKILL, "KILL")]) {
+        let parent = d.join(name);
+        std::fs::create_dir(&parent).unwrap();
+        let mut child = common::wrapper(d, "sh")
+            .arg("-c")
+            .arg("umask 0; exec \"$0\" \"$@\"")
+            .arg(common::bin())
+            .args(["bench", "watch", "--duration", "30s", "--no-calibrate"])
+            .args(["--rate", "20", "--workers", "1", "--dir"])
+            .arg(&parent)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        let is_daemon = |p: &u32| {
+            // `tpmcrypt-full watch SRC …` (the bench is `… bench watch …`).
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.split(|&b| b == 0).nth(1) == Some(&b"watch"[..]))
+        };
+        let (daemon, tree) = wait_for(&mut child, name, || {
+            let tree = std::fs::read_dir(&parent).ok()?.flatten().next()?.path();
+            let daemon = common::child_pids_of(pid).into_iter().find(is_daemon)?;
+            let src = tree.join("run/src");
+            let first = std::fs::read_dir(&src).ok()?.flatten().next()?.path();
+            let ready = first.exists() && tree.join("run/daemon.log").exists();
+            ready.then_some((daemon, tree))
+        });
+        for sub in ["", "run", "run/src", "run/dest"] {
+            assert_eq!(
+                mode_of(&tree.join(sub)),
+                0o700,
+                "{name}: {sub}/ under umask 0"
+            );
+        }
+        for f in ["recipient", "run/daemon.log", "run/src/f00000000"] {
+            assert_eq!(mode_of(&tree.join(f)), 0o600, "{name}: {f} under umask 0");
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, signal) };
+        ended_by(child, signal, 20, name);
+        all_end(&[daemon], name);
+        if signal == libc::SIGKILL {
+            // Nothing can run after SIGKILL: the tree stays (docs/bench.md).
+            std::fs::remove_dir_all(&tree).unwrap();
+        } else {
+            assert!(
+                common::listing(&parent).is_empty(),
+                "{name}: scratch tree left: {:?}",
+                common::listing(&parent)
+            );
+        }
+    }
+}
+
+/// `bench` interrupted during its per-file series (SIGTERM, SIGINT,
+/// SIGHUP) stops its `encrypt -r`/`decrypt -r` runs and removes its
+/// scratch tree before it ends by the signal.
+#[test]
+fn an_interrupted_bench_removes_its_scratch_tree() {
+    let _serial = serial();
+    let dir = common::scratch("bench-signals");
+    let d = dir.path();
+    for (signal, name) in SIGNALS {
+        let tmp = d.join(name);
+        std::fs::create_dir(&tmp).unwrap();
+        let mut child = common::tpmcrypt(d)
+            .args([
+                "bench",
+                "--sizes",
+                "16K",
+                "--repeat",
+                "1",
+                "--no-matrix",
+                "--no-peers",
+            ])
+            .env("TMPDIR", &tmp)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        let children = wait_for(&mut child, name, || {
+            let tree = std::fs::read_dir(&tmp).ok()?.flatten().next()?.path();
+            let kids = common::child_pids_of(pid);
+            (tree.join("perfile/tree").exists() && !kids.is_empty()).then_some(kids)
+        });
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, signal) };
+        ended_by(child, signal, 20, name);
+        all_end(&children, name);
+        assert!(
+            common::listing(&tmp).is_empty(),
+            "{name}: left {:?}",
+            common::listing(&tmp)
+        );
+    }
+}

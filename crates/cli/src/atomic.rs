@@ -51,6 +51,8 @@ pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
+            INTERRUPTED.store(true, Ordering::SeqCst);
+            remove_scratch_trees();
             // Held to the end: no rename into place can follow the clean-up.
             let list = pending();
             for tmp in list.iter() {
@@ -61,6 +63,130 @@ pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
         }
     });
     Ok(())
+}
+
+/// Set once an interrupt's clean-up has begun.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Called before the process ends with a command's result: while an
+/// interrupt's clean-up runs, the main thread (which may have just seen a
+/// child stopped by it fail) waits for it to end the process by the
+/// signal, rather than end it first with its own error and code.
+pub fn wait_if_interrupted() {
+    while INTERRUPTED.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Scratch trees of this process (`bench`, `bench watch`): the path and
+/// whether an interrupt removes it (not with `--keep`).
+static SCRATCH: Mutex<Vec<(PathBuf, bool)>> = Mutex::new(Vec::new());
+
+fn scratch_trees() -> MutexGuard<'static, Vec<(PathBuf, bool)>> {
+    SCRATCH.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A scratch tree under the interrupt's clean-up until dropped (see
+/// [`scratch_on_interrupt`]).
+#[must_use = "the tree is looked after only while this is held"]
+pub struct ScratchTree(PathBuf);
+
+impl Drop for ScratchTree {
+    fn drop(&mut self) {
+        scratch_trees().retain(|(p, _)| *p != self.0);
+    }
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP first stop this process's
+/// children (the programs working in `tree`: a watch daemon, `encrypt -r`
+/// runs, swtpm; SIGTERM, then SIGKILL after 5 s), then remove `tree`
+/// unless `remove` is false (`--keep`), then end the process as
+/// [`remove_temporaries_on_interrupt`] does (128 + the signal).
+pub fn scratch_on_interrupt(tree: &Path, remove: bool) -> io::Result<ScratchTree> {
+    remove_temporaries_on_interrupt()?;
+    scratch_trees().push((tree.to_path_buf(), remove));
+    Ok(ScratchTree(tree.to_path_buf()))
+}
+
+/// The interrupt's work on the scratch trees (see [`scratch_on_interrupt`]).
+fn remove_scratch_trees() {
+    let trees = scratch_trees().clone();
+    if trees.is_empty() {
+        return;
+    }
+    stop_children(std::time::Duration::from_secs(5));
+    for (tree, _) in trees.iter().filter(|(_, remove)| *remove) {
+        // The main thread may still be making entries (a file being
+        // written into a tree): a few tries.
+        for _ in 0..5 {
+            match fs::remove_dir_all(tree) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+/// This process's children, from /proc (every thread's).
+fn children() -> Vec<libc::pid_t> {
+    let mut pids = Vec::new();
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return pids;
+    };
+    for task in tasks.flatten() {
+        let list = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        pids.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<libc::pid_t>().ok()),
+        );
+    }
+    pids
+}
+
+/// Whether child `pid` has ended (or was reaped already), without reaping
+/// it: whoever spawned it still waits for it.
+fn ended(pid: libc::pid_t) -> bool {
+    // SAFETY: waitid writes into the zeroed siginfo we pass.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+        );
+        r != 0 || info.si_pid() != 0
+    }
+}
+
+/// Sends SIGTERM to every child, waits up to `grace` for them to end,
+/// then SIGKILLs the rest and waits for them.
+fn stop_children(grace: std::time::Duration) {
+    let pids = children();
+    for &pid in &pids {
+        // SAFETY: signalling our own child (not yet reaped: listed above).
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = std::time::Instant::now() + grace;
+    let mut left: Vec<libc::pid_t> = pids;
+    while !left.is_empty() {
+        left.retain(|&pid| !ended(pid));
+        if std::time::Instant::now() > deadline {
+            for &pid in &left {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !left.is_empty() && std::time::Instant::now() < end {
+                left.retain(|&pid| !ended(pid));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// The longest file name Linux file systems take (ext4, xfs, btrfs, tmpfs).

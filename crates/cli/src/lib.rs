@@ -149,6 +149,8 @@ fn ui_of(cli: &Cli, tpm_from_env: bool) -> Ui {
 /// A command's result as the process's exit code; an error is one line on
 /// stderr first (a closed stdout ends the process as SIGPIPE would).
 fn code_of(result: anyhow::Result<i32>) -> i32 {
+    // An interrupt being cleaned up ends the process by its signal.
+    atomic::wait_if_interrupted();
     match result {
         Ok(code) => code,
         Err(err) if stdout::is_broken_pipe(&err) => stdout::end_by_sigpipe(),

@@ -25,6 +25,8 @@ struct Setup<'a> {
     sizes: Vec<u64>,
     plan: Plan,
     tmp: TempDir,
+    /// An interrupt stops the children working in `tmp` and removes it.
+    _interrupt: crate::atomic::ScratchTree,
     src: Vec<u8>,
     mplan: matrix::MatrixPlan,
     peer_sizes: Vec<u64>,
@@ -147,6 +149,8 @@ impl Setup<'_> {
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir()
             .context("creating a temporary directory")?;
+        let interrupt = crate::atomic::scratch_on_interrupt(tmp.path(), true)
+            .context("setting up the clean-up on interrupts")?;
         Ok(Setup {
             args,
             quick,
@@ -154,6 +158,7 @@ impl Setup<'_> {
             sizes,
             plan,
             tmp,
+            _interrupt: interrupt,
             src: bulk::random_source()?,
             mplan: matrix::MatrixPlan::new(quick),
             warnings: Vec::new(),

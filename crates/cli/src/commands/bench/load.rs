@@ -19,6 +19,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -165,7 +166,7 @@ fn start_daemon(args: &LoadArgs, dir: &Path, recipient: &Path) -> anyhow::Result
     let sock_path = dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).context("notify socket")?;
     sock.set_read_timeout(Some(Duration::from_millis(200)))?;
-    let log = fs::File::create(dir.join("daemon.log"))?;
+    let log = private_file(&dir.join("daemon.log"))?;
     let mut cmd = Command::new(exe);
     cmd.arg("watch")
         .arg(dir.join("src"))
@@ -188,6 +189,7 @@ fn start_daemon(args: &LoadArgs, dir: &Path, recipient: &Path) -> anyhow::Result
     if args.delete_plaintext {
         cmd.arg("--delete-plaintext");
     }
+    super::dies_with_this_process(&mut cmd);
     let mut daemon = Daemon {
         child: cmd.spawn().context("starting tpmcrypt watch")?,
     };
@@ -214,6 +216,20 @@ fn start_daemon(args: &LoadArgs, dir: &Path, recipient: &Path) -> anyhow::Result
     }
 }
 
+/// A new directory for this user only (0700, whatever the umask).
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().mode(0o700).create(path)
+}
+
+/// A new file for this user only (0600, whatever the umask).
+fn private_file(path: &Path) -> std::io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
 fn name_of(i: u64) -> String {
     format!("f{i:08}")
 }
@@ -228,8 +244,9 @@ fn run_phase(
     recipient: &Path,
 ) -> anyhow::Result<Phase> {
     let dir = base.join(label);
-    fs::create_dir_all(dir.join("src"))?;
-    fs::create_dir_all(dir.join("dest"))?;
+    for d in [&dir, &dir.join("src"), &dir.join("dest")] {
+        private_dir(d)?;
+    }
     let mut daemon = start_daemon(args, &dir, recipient)?;
 
     // Watch DEST for ciphertexts renamed into place.
@@ -343,6 +360,7 @@ fn generate(
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(src.join(name_of(i)))?;
         f.write_all(&data)?;
         drop(f);
@@ -419,9 +437,15 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
     fs::create_dir_all(&parent).with_context(|| parent.display().to_string())?;
     let scratch = tempfile::Builder::new()
         .prefix(&format!("tpmcrypt-watch-load.{}.", std::process::id()))
+        .permissions(fs::Permissions::from_mode(0o700))
         .tempdir_in(&parent)
         .with_context(|| parent.display().to_string())?;
+    // An interrupt stops the daemon and removes the tree (plaintext, an
+    // identity) unless --keep.
+    let interrupt = crate::atomic::scratch_on_interrupt(scratch.path(), !args.keep)
+        .context("setting up the clean-up on interrupts")?;
     let result = run_in(args, scratch.path());
+    drop(interrupt);
     if args.keep {
         stderr_line!("scratch directory kept: {}", scratch.keep().display());
     }
@@ -430,16 +454,18 @@ pub fn run_load(args: &LoadArgs) -> anyhow::Result<i32> {
 
 fn run_in(args: &LoadArgs, base: &Path) -> anyhow::Result<i32> {
     let exe = std::env::current_exe()?;
-    let out = Command::new(&exe)
+    let mut create = Command::new(&exe);
+    create
         .args(["recovery", "create", "--out"])
         .arg(base.join("id"))
-        .stdin(Stdio::null())
-        .output()?;
+        .stdin(Stdio::null());
+    super::dies_with_this_process(&mut create);
+    let out = create.output()?;
     if !out.status.success() {
         bail!("recovery create: {}", String::from_utf8_lossy(&out.stderr));
     }
     let recipient = base.join("recipient");
-    fs::write(&recipient, &out.stdout)?;
+    private_file(&recipient)?.write_all(&out.stdout)?;
     let c = args.workers;
 
     let calib = calibrate(args, base, &recipient)?;

@@ -141,6 +141,28 @@ fn user_executable() -> std::io::Result<PathBuf> {
     Ok(front.flatten().unwrap_or(exe))
 }
 
+/// A child of the bench ends with it (`PR_SET_PDEATHSIG`, as swtpm's does:
+/// SIGTERM when the thread that started it ends, also by SIGKILL) and
+/// creates what it creates for this user only (umask 077): a `bench
+/// watch` daemon killed with its bench ran on, orphaned, for ever.
+fn dies_with_this_process(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: getpid cannot fail.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: only async-signal-safe calls in the child, no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            libc::umask(0o077);
+            // The bench ended before the prctl took effect.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn chip_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(CHIPS.iter().map(|c| c.name))
 }

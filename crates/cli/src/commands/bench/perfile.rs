@@ -134,6 +134,7 @@ impl Setup {
             .env_remove("TPMCRYPT_SIMULATOR")
             .env_remove("TPMCRYPT_TCTI")
             .stdin(Stdio::null());
+        super::dies_with_this_process(&mut c);
         c
     }
 
