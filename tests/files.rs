@@ -657,6 +657,25 @@ fn a_closed_stdout_is_an_error() {
     let res = stdout_closed(d, "decrypt -i id -o q p.tpmc");
     assert_ok(&res, "-o q");
     assert_eq!(fs::read(d.join("q")).unwrap(), b"plain");
+    // Nor is a closed standard input (`<&-`) an empty one: the build
+    // before encrypted nothing from it and exited 0.
+    for args in [
+        format!("encrypt -R {r} -o e.tpmc"),
+        "decrypt -i id -o e".to_string(),
+        "encrypt -R - -o e.tpmc p".to_string(),
+    ] {
+        let res: Run = common::wrapper(d, "sh")
+            .arg("-c")
+            .arg(format!("exec '{}' {args} <&-", common::bin().display()))
+            .output()
+            .unwrap()
+            .into();
+        assert_error_line(&res, 1, None, &["standard input is closed"], &args);
+        assert!(
+            !d.join("e.tpmc").exists() && !d.join("e").exists(),
+            "{args}"
+        );
+    }
 }
 
 /// A FIFO given with `-o` whose reader goes away is an output that failed:

@@ -1173,13 +1173,14 @@ struct Opened {
 fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     let path = match &task.source {
         Source::Stdin => {
+            crate::ui::stdout::ensure_stdin_open()?;
             return Ok(Opened {
                 file: stdio_file(io::stdin().as_fd())?,
                 size: None,
                 mode: 0o666 & !current_umask(),
                 stamp: None,
                 owner: None,
-            })
+            });
         }
         Source::File(path) => path,
     };

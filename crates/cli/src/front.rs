@@ -471,6 +471,12 @@ fn hand_over(argv: &[OsString]) -> ! {
         );
         std::process::exit(crate::ui::exit::OTHER);
     }
+    if crate::ui::stdout::stdin_closed_at_start() {
+        // Closed again, as it was given (see below).
+        // SAFETY: descriptor 0 is the write-only /dev/null put there at
+        // start (ui::stdout); nothing in this process uses it.
+        unsafe { libc::close(0) };
+    }
     if crate::ui::stdout::closed_at_start() {
         // Closed again, as it was given: tpmcrypt-full tells a closed
         // standard output from /dev/null only at its own start.

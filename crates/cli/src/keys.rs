@@ -86,6 +86,7 @@ pub fn read_recipients(values: &[OsString]) -> anyhow::Result<Vec<Given>> {
 fn read_recipients_file(value: &OsStr) -> anyhow::Result<(String, Vec<u8>)> {
     let mut data = Vec::new();
     let label = if is_stdin(value) {
+        crate::ui::stdout::ensure_stdin_open()?;
         let label = "<stdin>".to_string();
         std::io::stdin()
             .lock()

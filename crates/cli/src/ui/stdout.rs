@@ -36,6 +36,53 @@ extern "C" fn note_closed_stdout() {
     }
 }
 
+/// Whether descriptor 0 was closed when the process started.
+static STDIN_CLOSED_AT_START: AtomicBool = AtomicBool::new(false);
+
+/// As [`NOTE_CLOSED_STDOUT`], for standard input: closed at start (`<&-`),
+/// it is an error to read, not an empty input (the runtime's /dev/null
+/// would encrypt nothing and exit 0).
+#[used]
+#[link_section = ".init_array"]
+static NOTE_CLOSED_STDIN: extern "C" fn() = note_closed_stdin;
+
+extern "C" fn note_closed_stdin() {
+    // SAFETY: fcntl(F_GETFD) only asks whether descriptor 0 is open.
+    if unsafe { libc::fcntl(0, libc::F_GETFD) } != -1 {
+        return;
+    }
+    STDIN_CLOSED_AT_START.store(true, Ordering::Relaxed);
+    // Taken by /dev/null opened write-only: a read fails (EBADF) instead
+    // of seeing an empty input, and no file opened later lands there.
+    // SAFETY: plain system calls on descriptors this function owns.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        if fd > 0 {
+            libc::dup2(fd, 0);
+            libc::close(fd);
+        }
+    }
+}
+
+/// Standard input was closed when tpmcrypt started (`<&-`).
+#[derive(Debug, thiserror::Error)]
+#[error("standard input is closed; there is nothing to read")]
+pub struct StdinClosed;
+
+/// Whether standard input was closed when tpmcrypt started.
+pub fn stdin_closed_at_start() -> bool {
+    STDIN_CLOSED_AT_START.load(Ordering::Relaxed)
+}
+
+/// Fails when standard input was closed at start: call it before reading
+/// it.
+pub fn ensure_stdin_open() -> anyhow::Result<()> {
+    if stdin_closed_at_start() {
+        return Err(anyhow::Error::new(StdinClosed));
+    }
+    Ok(())
+}
+
 /// Standard output was closed when tpmcrypt started (`>&-`).
 #[derive(Debug, thiserror::Error)]
 #[error("standard output is closed; nothing would be written")]
