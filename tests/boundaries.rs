@@ -1400,7 +1400,21 @@ fn a_bare_socket_name_is_checked_in_the_working_directory() {
 fn an_io_cause_is_printed_once_and_a_silent_agent_is_named() {
     let dir = scratch();
     let d = dir.path();
+    // A keystore not made yet is listed as empty (reading makes nothing);
+    // one that cannot be made names its cause once.
     let r = common::run(d, &["--keystore", "/proc/nonexistent/ks", "key", "list"]);
+    assert_ok(&r, "key list of a keystore not made");
+    let r = common::run(
+        d,
+        &[
+            "--keystore",
+            "/proc/nonexistent/ks",
+            "--simulator",
+            "key",
+            "create",
+            "k",
+        ],
+    );
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert_eq!(
         r.stderr.matches("No such file or directory").count(),
@@ -1792,9 +1806,14 @@ fn relative_xdg_directories_are_ignored() {
         !work.join("rel").exists(),
         "a keystore made in the working directory"
     );
+    let said = format!("{}{}", String::from_utf8_lossy(&r.stdout), r.stderr);
     assert!(
-        home.join(".local/share/tpmcrypt").is_dir(),
-        "the default keystore"
+        said.contains(&home.join(".local/share/tpmcrypt").display().to_string()),
+        "the default keystore: {said}"
+    );
+    assert!(
+        !home.join(".local/share/tpmcrypt").exists(),
+        "a keystore made by a command that only reads"
     );
     let uid = unsafe { libc::geteuid() };
     for (env, socket) in [
@@ -1837,7 +1856,11 @@ fn relative_xdg_directories_are_ignored() {
         &["key", "list"],
     );
     assert_ok(&r, "key list");
-    assert!(xdg.join("tpmcrypt").is_dir());
+    let said = format!("{}{}", String::from_utf8_lossy(&r.stdout), r.stderr);
+    assert!(
+        said.contains(&xdg.join("tpmcrypt").display().to_string()),
+        "{said}"
+    );
 }
 
 /// Two agents started on one stale socket (left by an agent killed with

@@ -708,7 +708,7 @@ fn pcr_sign_never_overwrites_the_signer_and_refuses_careless_input() {
     common::assert_error_line(&r, 2, Some("empty"), &["got 0 bytes"], "empty values");
     // A file that is no policy at all, given to key add-policy: usage.
     let r = plain(d, &["key", "add-policy", "nokey", "s.pub"]);
-    assert_eq!(r.code, 1, "no such key: {}", r.stderr);
+    assert_eq!(r.code, 2, "no such key: {}", r.stderr);
 }
 
 /// `key add-policy` run several times at once on one key (policies

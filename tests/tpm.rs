@@ -2063,6 +2063,8 @@ fn key_import_refuses_keys_that_could_never_unbind() {
     // refused too (nothing could ever decrypt the file), as a damaged
     // keystore entry (exit 1) with the reason.
     let hand = keystore(d).join("hand.key.pem");
+    fs::create_dir_all(keystore(d)).unwrap();
+    common::chmod(&keystore(d), 0o700);
     fs::copy(d.join("oaep-sha1.pem"), &hand).unwrap();
     common::chmod(&hand, 0o600);
     fs::write(d.join("m"), b"data").unwrap();
@@ -2381,4 +2383,11 @@ fn bad_and_missing_key_names_are_usage_errors() {
         let r = plain(d, args);
         assert_one_line(&r, USAGE, &["no key named", "nokey"], &format!("{args:?}"));
     }
+    // None of these made the keystore directory (the build before made
+    // it, and a lock file in it, for commands that only read).
+    fs::write(d.join("p"), b"p").unwrap();
+    let r = plain(d, &["encrypt", "-k", "nokey", "p"]);
+    assert_eq!(r.code, USAGE, "{}", r.stderr);
+    assert_ok(&plain(d, &["key", "list"]), "key list");
+    assert!(!keystore(d).exists(), "a keystore made by reading it");
 }

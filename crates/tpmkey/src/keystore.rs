@@ -137,7 +137,10 @@ impl Keystore {
         )))
     }
 
-    /// Opens (creating with mode 0700 if needed) a keystore directory.
+    /// Opens a keystore directory. One that does not exist is not made
+    /// here (a command that only reads, `key list`, `encrypt -k`, leaves
+    /// the disk as it was): it holds no key, and the first save makes it,
+    /// mode 0700 ([`Keystore::lock`]).
     pub fn open(dir: impl Into<PathBuf>) -> Result<Keystore> {
         let dir = dir.into();
         if fs::symlink_metadata(&dir).is_ok() && !dir.is_dir() {
@@ -146,20 +149,25 @@ impl Keystore {
                 dir.display()
             )));
         }
-        if !dir.is_dir() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|e| Error::io(&dir, e))?;
-        }
         Ok(Keystore { dir })
     }
 
     /// Checks that nobody but the caller could have put or changed keys
     /// here: the directory is the caller's, not writable by others, under
     /// directories that are the caller's or root's (see [`crate::trust`]).
+    /// A keystore not made yet holds nothing; where it would be made must
+    /// be a place where nobody else could make it first.
     pub fn check_trusted(&self) -> Result<()> {
+        if fs::symlink_metadata(&self.dir).is_err() {
+            let mut at = self.dir.as_path();
+            while fs::symlink_metadata(at).is_err() {
+                match at.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => at = p,
+                    _ => return Ok(()),
+                }
+            }
+            return trust::check_dir_to_create_in(at);
+        }
         trust::check_private_dir(&self.dir, "the keystore directory")
     }
 
@@ -559,6 +567,17 @@ impl Keystore {
     /// that others may read (trusted: not writable by them) would let
     /// another user hold its lock for ever.
     pub fn lock(&self) -> Result<KeystoreLock> {
+        // The first write makes the keystore (see [`Keystore::open`]), and
+        // checks it as made.
+        if fs::symlink_metadata(&self.dir).is_err() {
+            self.check_trusted()?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)
+                .map_err(|e| Error::io(&self.dir, e))?;
+            self.check_trusted()?;
+        }
         let Some(lock) = self.lock_file(true)? else {
             return Err(Error::Keystore(format!(
                 "no lock file in {}",
@@ -573,6 +592,10 @@ impl Keystore {
     /// no lock file exists and none can be made (a keystore this run may
     /// not write, which no save can change either).
     fn shared_lock(&self) -> Result<Option<KeystoreLock>> {
+        if fs::symlink_metadata(&self.dir).is_err() {
+            // Not made yet: nothing to read, and no lock file made for it.
+            return Ok(None);
+        }
         self.lock_file(false)
     }
 

@@ -30,8 +30,10 @@ fn save_load_list_delete() {
 
     let dir = sim.path("ks");
     let ks = Keystore::open(&dir).unwrap();
-    assert_eq!(mode(&dir), 0o700);
+    assert!(!dir.exists(), "opening makes nothing");
+    assert!(ks.list().unwrap().is_empty());
     ks.save("work", &blob, &meta, false).unwrap();
+    assert_eq!(mode(&dir), 0o700, "the first save makes it");
     assert!(
         ks.save("work", &blob, &meta, false).is_err(),
         "no silent overwrite"
