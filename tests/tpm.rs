@@ -2391,3 +2391,34 @@ fn bad_and_missing_key_names_are_usage_errors() {
     assert_ok(&plain(d, &["key", "list"]), "key list");
     assert!(!keystore(d).exists(), "a keystore made by reading it");
 }
+
+/// `--simulator` runs on one keystore at the same moment take turns with
+/// its software TPM. The build before started a second swtpm on the same
+/// state, which failed at once (exit 1, "Could not lock access to
+/// lockfile", with a literal `\n` in the line): one of five or six runs
+/// started together.
+#[test]
+fn simulator_runs_on_one_keystore_take_turns() {
+    let dir = scratch();
+    let d = dir.path();
+    let held = Simulator::start(&keystore(d).join("simulator")).expect("swtpm");
+    let spawn = |name: &str| {
+        tpmcrypt(d)
+            .args(["--simulator", "key", "create", name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let waiting = spawn("first");
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(held);
+    let r = common::finished_by(waiting, Instant::now() + Duration::from_secs(30), "first");
+    assert_ok(&r, "key create while another process had the simulator");
+    let runs: Vec<_> = (0..6).map(|i| spawn(&format!("k{i}"))).collect();
+    for (i, child) in runs.into_iter().enumerate() {
+        let r = common::finished_by(child, Instant::now() + Duration::from_secs(60), "k");
+        assert_ok(&r, &format!("k{i}, six at once"));
+    }
+    assert_eq!(key_list(d).len(), 7);
+}

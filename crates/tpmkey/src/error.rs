@@ -254,7 +254,8 @@ impl Error {
             | Error::WrongParent { .. }
             | Error::PinUnavailable(_)
             | Error::PinNotRecorded(_)
-            | Error::PinRefusedBefore(_) => ExitClass::TpmRefused,
+            | Error::PinRefusedBefore(_)
+            | Error::Simulator(_) => ExitClass::TpmRefused,
             Error::Unusable(_) | Error::InvalidRecipient(_) | Error::KeyName(_) => {
                 ExitClass::Unusable
             }

@@ -37,6 +37,64 @@ pub struct Simulator {
     child: Option<Child>,
     port: u16,
     state_dir: PathBuf,
+    /// The state directory's lock (see [`lock_state`]), released after
+    /// swtpm has stopped (fields drop after [`Drop::drop`]).
+    _lock: std::fs::File,
+}
+
+/// How long a start waits for another process's simulator on the same
+/// state to stop.
+const LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// Takes `DIR/.tpmcrypt.lock` (0600, never through a symlink), waiting up
+/// to [`LOCK_WAIT`] for another process using the same state: one swtpm
+/// at a time may have it, and a second one started beside the first
+/// failed at once ("Could not lock access to lockfile"), so that two
+/// `--simulator` runs at the same moment failed one in five. Now they
+/// take turns.
+fn lock_state(dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(".tpmcrypt.lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(STATE_FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    // One made wider by hand is tightened, as swtpm's files are.
+    use std::os::unix::fs::PermissionsExt;
+    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
+            .map_err(|e| Error::io(&path, e))?;
+    }
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::io::ErrorKind::WouldBlock => {
+                return Err(Error::Simulator(format!(
+                    "its state in {} has been in use by another process for {} s (a watch \
+                     daemon or agent run with --simulator?)",
+                    dir.display(),
+                    LOCK_WAIT.as_secs()
+                )))
+            }
+            std::io::ErrorKind::Interrupted => {}
+            _ => return Err(Error::io(&path, e)),
+        }
+    }
 }
 
 /// Finds P such that P and P+1 are currently free on 127.0.0.1.
@@ -71,6 +129,7 @@ impl Simulator {
     /// Starts swtpm with options.
     pub fn start_with(state_dir: &Path, opts: &SimulatorOptions) -> Result<Simulator> {
         create_private_dir(state_dir)?;
+        let lock = lock_state(state_dir)?;
         let binary = opts
             .swtpm_binary
             .clone()
@@ -114,6 +173,7 @@ impl Simulator {
                         child: Some(child),
                         port,
                         state_dir: state_dir.to_path_buf(),
+                        _lock: lock,
                     })
                 }
                 Err(e) => {
@@ -212,7 +272,12 @@ fn wait_ready(child: &mut Child, port: u16) -> std::result::Result<(), String> {
             if let Some(mut e) = child.stderr.take() {
                 let _ = e.read_to_string(&mut msg);
             }
-            return Err(format!("swtpm exited ({status}): {}", msg.trim()));
+            // Its lines as one (an error is one line).
+            let msg = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+            if msg.is_empty() {
+                return Err(format!("swtpm exited ({status}) before it answered"));
+            }
+            return Err(format!("swtpm exited ({status}): {msg}"));
         }
         if let Ok(resp) = send_ctrl(port + 1, CMD_GET_CAPABILITY) {
             if resp.len() >= 4 && resp[..4] == [0, 0, 0, 0] {
