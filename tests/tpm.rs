@@ -2422,3 +2422,50 @@ fn simulator_runs_on_one_keystore_take_turns() {
     }
     assert_eq!(key_list(d).len(), 7);
 }
+
+/// SIGINT or SIGTERM while a TPM command is under way, on a TPM without a
+/// resource manager (swtpm reached directly, as `/dev/tpm0` would be): the
+/// run ends by the signal once the operation is over, and leaves no
+/// object or session loaded. The build before ended at once, leaving them:
+/// two or three such interrupts filled the TPM.
+#[test]
+fn an_interrupt_during_a_tpm_operation_leaves_nothing_loaded() {
+    const TPM_CC_LOAD: u32 = 0x157;
+    let dir = scratch();
+    let d = dir.path();
+    let sim = swtpm(d, "swtpm");
+    let t = sim.tcti();
+    create_key(d, &t, "k", "ecc-p256", &[], false);
+    fs::write(d.join("f"), b"x").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let slow = common::Counter::start_slowed(common::port_of(&t), Duration::from_millis(200));
+        let proxied = format!("swtpm:host=127.0.0.1,port={}", slow.port);
+        let child = tpmcrypt(d)
+            .env("TPMCRYPT_TCTI", &proxied)
+            .args(["decrypt", "-o", "-", "f.tpmc"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let start = Instant::now();
+        while !slow.codes.lock().unwrap().contains(&TPM_CC_LOAD) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no TPM2_Load seen"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: plain kill(2) of our child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let r = common::finished_by(child, Instant::now() + Duration::from_secs(20), "decrypt");
+        // Ended by the signal (re-raised: no exit code) (a plaintext it finished may have been written).
+        assert!(
+            r.code == -1 || r.code == 128 + signal,
+            "{}: {}",
+            r.code,
+            r.stderr
+        );
+        assert_no_handles(&sim, d, &format!("decrypt ended by signal {signal}"));
+    }
+}

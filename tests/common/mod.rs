@@ -534,6 +534,12 @@ impl Counter {
     /// port + 1): commands on the first are counted, the control channel on
     /// the second is piped through as it is.
     pub fn start(tpm_port: u16) -> Counter {
+        Counter::start_slowed(tpm_port, std::time::Duration::ZERO)
+    }
+
+    /// As [`Counter::start`], holding each response back by `delay` (a
+    /// slow TPM, whose commands a test can interrupt half-way).
+    pub fn start_slowed(tpm_port: u16, delay: std::time::Duration) -> Counter {
         let (listener, control) = loop {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let p = l.local_addr().unwrap().port();
@@ -570,6 +576,7 @@ impl Counter {
                     let relayed = std::io::Write::write_all(&mut tpm, &cmd)
                         .ok()
                         .and_then(|()| read_message(&mut tpm));
+                    std::thread::sleep(delay);
                     match relayed {
                         Some(resp) if std::io::Write::write_all(&mut client, &resp).is_ok() => {}
                         _ => break,

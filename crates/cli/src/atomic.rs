@@ -53,6 +53,9 @@ pub fn remove_temporaries_on_interrupt() -> io::Result<()> {
         if let Some(signal) = signals.forever().next() {
             INTERRUPTED.store(true, Ordering::SeqCst);
             remove_scratch_trees();
+            // A TPM operation under way ends first, flushing what it
+            // loaded (a TPM without a resource manager keeps it).
+            tpmcrypt_tpmkey::operation::end_operations(std::time::Duration::from_secs(5));
             // Held to the end: no rename into place can follow the clean-up.
             let list = pending();
             for tmp in list.iter() {

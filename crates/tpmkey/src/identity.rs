@@ -89,6 +89,8 @@ impl TpmAccess {
 
     /// Runs `f` on the TPM, connecting (or starting the simulator) first.
     pub fn with<T>(&self, f: impl FnOnce(&mut Tpm) -> Result<T>) -> Result<T> {
+        // Not ended by a signal half-way (see crate::operation).
+        let _operation = crate::operation::begin();
         let mut guard = self.lock();
         let start = Instant::now();
         let result = (|| {

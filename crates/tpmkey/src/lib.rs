@@ -47,6 +47,7 @@ pub mod error;
 pub mod identity;
 pub mod keyfile;
 pub mod keystore;
+pub mod operation;
 pub mod pcr;
 pub mod probe;
 pub mod signed;
