@@ -91,9 +91,11 @@ fn scratch_trees() -> MutexGuard<'static, Vec<(PathBuf, bool)>> {
 
 /// A scratch tree under the interrupt's clean-up until dropped (see
 /// [`scratch_on_interrupt`]).
+#[cfg(feature = "bench")]
 #[must_use = "the tree is looked after only while this is held"]
 pub struct ScratchTree(PathBuf);
 
+#[cfg(feature = "bench")]
 impl Drop for ScratchTree {
     fn drop(&mut self) {
         scratch_trees().retain(|(p, _)| *p != self.0);
@@ -105,6 +107,7 @@ impl Drop for ScratchTree {
 /// runs, swtpm; SIGTERM, then SIGKILL after 5 s), then remove `tree`
 /// unless `remove` is false (`--keep`), then end the process as
 /// [`remove_temporaries_on_interrupt`] does (128 + the signal).
+#[cfg(feature = "bench")]
 pub fn scratch_on_interrupt(tree: &Path, remove: bool) -> io::Result<ScratchTree> {
     remove_temporaries_on_interrupt()?;
     scratch_trees().push((tree.to_path_buf(), remove));
