@@ -193,8 +193,8 @@ fn parse_network(kind: &str, conf: &str) -> Result<(String, u16)> {
         match k.trim() {
             "host" => {
                 let v = v.trim();
-                if v.is_empty() || v.contains(char::is_whitespace) {
-                    return Err(Error::InvalidInput(format!("{kind} TCTI: bad host '{v}'")));
+                if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c.is_control()) {
+                    return Err(Error::InvalidInput(format!("{kind} TCTI: bad host {v:?}")));
                 }
                 host = v.to_string();
             }
@@ -232,7 +232,7 @@ impl FromStr for Tcti {
             .trim_start_matches("libtss2-tcti-")
             .trim_end_matches(".so.0")
             .trim_end_matches(".so");
-        match name {
+        let tcti = match name {
             "device" => {
                 let path = conf.strip_prefix("path=").unwrap_or(conf);
                 let path = if path.is_empty() { "/dev/tpmrm0" } else { path };
@@ -261,7 +261,11 @@ impl FromStr for Tcti {
                 "unknown TCTI '{other}' (expected device:PATH, swtpm:host=H,port=P, \
                  mssim:host=H,port=P or tabrmd)"
             ))),
-        }
+        }?;
+        // What tpm2-tss would refuse (a host it cannot take, a tabrmd
+        // option it does not know) is a bad TCTI here, before any work.
+        tcti.to_name_conf()?;
+        Ok(tcti)
     }
 }
 
@@ -310,6 +314,12 @@ mod tests {
             "swtpm:port=70000",
             "swtpm:hots=x",
             "device:rel",
+            // Taken by the parser before, refused by tpm2-tss only when the
+            // TPM was opened (exit 1 or 4, not a usage error).
+            "swtpm:host=a=b,port=2",
+            "swtpm:host=1.2.3.4:5,port=2",
+            "tabrmd:bus_name=x",
+            "swtpm:host=a\nb,port=2",
         ] {
             assert!(s.parse::<Tcti>().is_err(), "{s}");
         }
