@@ -2469,3 +2469,43 @@ fn an_interrupt_during_a_tpm_operation_leaves_nothing_loaded() {
         assert_no_handles(&sim, d, &format!("decrypt ended by signal {signal}"));
     }
 }
+
+/// A run that must wait for the keystore's lock, which another process
+/// holds (a stopped or slow run), says so once on standard error, then
+/// goes on when it is free. The build before waited without a word.
+#[test]
+fn a_wait_for_the_keystore_lock_is_said() {
+    let dir = scratch();
+    let d = dir.path();
+    let ks = keystore(d);
+    fs::create_dir_all(&ks).unwrap();
+    common::chmod(&ks, 0o700);
+    fs::write(ks.join("k.key.pem"), b"junk").unwrap();
+    common::chmod(&ks.join("k.key.pem"), 0o600);
+    let holder = Command::new("flock")
+        .args(["-x"])
+        .arg(ks.join(".lock"))
+        .args(["sleep", "2"])
+        .spawn()
+        .expect("flock (util-linux)");
+    let start = Instant::now();
+    while !ks.join(".lock").exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no lock file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let r = plain(d, &["key", "delete", "k", "--yes"]);
+    let mut holder = holder;
+    let _ = holder.wait();
+    assert_ok(&r, "key delete behind a held lock");
+    assert_eq!(
+        r.stderr
+            .lines()
+            .filter(|l| l.contains("waiting for the keystore's lock"))
+            .count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert!(!ks.join("k.key.pem").exists());
+}

@@ -88,6 +88,7 @@ pub fn main() -> ! {
     // Before anything may hold a key.
     crate::harden::disable_core_dumps();
     crate::harden::lock_secrets_or_say_so();
+    crate::harden::say_keystore_lock_waits();
     let argv: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = serve(&argv) {
         std::process::exit(code);

@@ -56,6 +56,17 @@ fn say_a_key_is_not_locked(cause: &std::io::Error) {
     );
 }
 
+/// Has a wait for a keystore's lock that another process holds said on
+/// standard error (once), rather than wait without a word.
+pub fn say_keystore_lock_waits() {
+    tpmcrypt_tpmkey::keystore::on_lock_wait(|lock| {
+        stderr_line!(
+            "tpmcrypt: waiting for the keystore's lock {}, which another process holds",
+            crate::ui::shown(lock)
+        )
+    });
+}
+
 /// The current soft core-size limit.
 #[cfg(test)]
 fn core_limit() -> u64 {

@@ -551,6 +551,18 @@ impl Keystore {
     }
 }
 
+/// Called (once a process) when a keystore's lock is held by another
+/// process and this one is about to wait for it: see [`on_lock_wait`].
+static LOCK_WAIT_HOOK: std::sync::OnceLock<fn(&Path)> = std::sync::OnceLock::new();
+static LOCK_WAIT_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Has `hook` called with the lock file's path the first time this
+/// process waits for a keystore's lock that another holds (a run that
+/// would otherwise wait without a word, e.g. behind a stopped process).
+pub fn on_lock_wait(hook: fn(&Path)) {
+    let _ = LOCK_WAIT_HOOK.set(hook);
+}
+
 /// An exclusive lock on a keystore ([`Keystore::lock`]), released when
 /// dropped.
 #[derive(Debug)]
@@ -659,6 +671,16 @@ impl Keystore {
         } else {
             libc::LOCK_SH
         };
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(Some(KeystoreLock(file)));
+        }
+        // Held by another process: said (once a process), then waited for.
+        if let Some(hook) = LOCK_WAIT_HOOK.get() {
+            if !LOCK_WAIT_SAID.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                hook(&path);
+            }
+        }
         loop {
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
