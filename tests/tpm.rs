@@ -1063,6 +1063,12 @@ fn a_device_tcti_that_is_not_a_device_is_never_written() {
         &["key", "create", "k"],
     );
     assert_one_line(&r, TPM, &["is a FIFO, not a TPM"], "key create on a FIFO");
+    // A TCTI that parses but that tpm2-tss refuses is bad input (exit 2),
+    // not a missing TPM (the build before: exit 1).
+    for bad in ["swtpm:host=a=b,port=2", "tabrmd:bus_name=x"] {
+        let r = tc(d, bad, &["key", "create", "k"]);
+        assert_one_line(&r, USAGE, &["TCTI", bad], bad);
+    }
     assert!(key_list(d).is_empty(), "no key made");
 }
 

@@ -154,6 +154,13 @@ pub enum Error {
     #[error("tpmcrypt can never unbind with this key: {0}")]
     Unusable(String),
 
+    /// A TCTI that parses but that tpm2-tss refuses (a host it cannot
+    /// take, a tabrmd option it does not know): bad input. Found when the
+    /// TPM is opened, not when the TCTI is parsed: tss-esapi's parsers
+    /// would put a regular-expression engine in the front's start.
+    #[error("{0}")]
+    BadTcti(String),
+
     /// A key name that is not one, or that names no key: bad input.
     #[error("{0}")]
     KeyName(String),
@@ -256,9 +263,10 @@ impl Error {
             | Error::PinNotRecorded(_)
             | Error::PinRefusedBefore(_)
             | Error::Simulator(_) => ExitClass::TpmRefused,
-            Error::Unusable(_) | Error::InvalidRecipient(_) | Error::KeyName(_) => {
-                ExitClass::Unusable
-            }
+            Error::Unusable(_)
+            | Error::InvalidRecipient(_)
+            | Error::KeyName(_)
+            | Error::BadTcti(_) => ExitClass::Unusable,
             _ => ExitClass::Other,
         }
     }

@@ -262,9 +262,6 @@ impl FromStr for Tcti {
                  mssim:host=H,port=P or tabrmd)"
             ))),
         }?;
-        // What tpm2-tss would refuse (a host it cannot take, a tabrmd
-        // option it does not know) is a bad TCTI here, before any work.
-        tcti.to_name_conf()?;
         Ok(tcti)
     }
 }
@@ -321,7 +318,10 @@ mod tests {
             "tabrmd:bus_name=x",
             "swtpm:host=a\nb,port=2",
         ] {
-            assert!(s.parse::<Tcti>().is_err(), "{s}");
+            assert!(
+                s.parse::<Tcti>().and_then(|t| t.to_name_conf()).is_err(),
+                "{s}"
+            );
         }
     }
 

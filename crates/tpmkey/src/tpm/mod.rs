@@ -155,7 +155,11 @@ impl Tpm {
                 Ok(_) => {}
             }
         }
-        let ctx = Context::new(tcti.to_name_conf()?).map_err(|e| unavailable(why(&e)))?;
+        let conf = tcti.to_name_conf().map_err(|e| match e {
+            Error::InvalidInput(why) => Error::BadTcti(why),
+            other => other,
+        })?;
+        let ctx = Context::new(conf).map_err(|e| unavailable(why(&e)))?;
         let mut tpm = Tpm {
             ctx,
             tcti: tcti.clone(),
