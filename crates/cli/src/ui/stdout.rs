@@ -18,22 +18,29 @@ static CLOSED_AT_START: AtomicBool = AtomicBool::new(false);
 static NOTE_CLOSED_STDOUT: extern "C" fn() = note_closed_stdout;
 
 extern "C" fn note_closed_stdout() {
-    // SAFETY: fcntl(F_GETFD) only asks whether descriptor 1 is open.
-    if unsafe { libc::fcntl(1, libc::F_GETFD) } != -1 {
-        return;
+    // Read-only: a write to it fails (EBADF) instead of vanishing.
+    if take_if_closed(1, libc::O_RDONLY) {
+        CLOSED_AT_START.store(true, Ordering::Relaxed);
     }
-    CLOSED_AT_START.store(true, Ordering::Relaxed);
-    // Descriptor 1 is taken by /dev/null opened read-only, so that any
-    // write to it fails (EBADF) instead of vanishing, and no file opened
-    // later lands there.
-    // SAFETY: plain system calls on descriptors this function owns.
+}
+
+/// Whether descriptor `target` is closed. If it is, it is taken by
+/// /dev/null opened with `flags` (the access it is not meant for, so that
+/// its use fails with EBADF), so that no file opened later lands there.
+fn take_if_closed(target: libc::c_int, flags: libc::c_int) -> bool {
+    // SAFETY: plain system calls; fcntl(F_GETFD) only asks whether the
+    // descriptor is open, and the one opened here is this function's.
     unsafe {
-        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-        if fd >= 0 && fd != 1 {
-            libc::dup2(fd, 1);
+        if libc::fcntl(target, libc::F_GETFD) != -1 {
+            return false;
+        }
+        let fd = libc::open(c"/dev/null".as_ptr(), flags);
+        if fd >= 0 && fd != target {
+            libc::dup2(fd, target);
             libc::close(fd);
         }
     }
+    true
 }
 
 /// Whether descriptor 0 was closed when the process started.
@@ -47,20 +54,9 @@ static STDIN_CLOSED_AT_START: AtomicBool = AtomicBool::new(false);
 static NOTE_CLOSED_STDIN: extern "C" fn() = note_closed_stdin;
 
 extern "C" fn note_closed_stdin() {
-    // SAFETY: fcntl(F_GETFD) only asks whether descriptor 0 is open.
-    if unsafe { libc::fcntl(0, libc::F_GETFD) } != -1 {
-        return;
-    }
-    STDIN_CLOSED_AT_START.store(true, Ordering::Relaxed);
-    // Taken by /dev/null opened write-only: a read fails (EBADF) instead
-    // of seeing an empty input, and no file opened later lands there.
-    // SAFETY: plain system calls on descriptors this function owns.
-    unsafe {
-        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
-        if fd > 0 {
-            libc::dup2(fd, 0);
-            libc::close(fd);
-        }
+    // Write-only: a read fails (EBADF) instead of seeing an empty input.
+    if take_if_closed(0, libc::O_WRONLY) {
+        STDIN_CLOSED_AT_START.store(true, Ordering::Relaxed);
     }
 }
 
