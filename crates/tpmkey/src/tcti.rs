@@ -194,7 +194,7 @@ fn parse_network(kind: &str, conf: &str) -> Result<(String, u16)> {
             "host" => {
                 let v = v.trim();
                 if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c.is_control()) {
-                    return Err(Error::InvalidInput(format!("{kind} TCTI: bad host {v:?}")));
+                    return Err(Error::InvalidInput(format!("{kind} TCTI: bad host '{v}'")));
                 }
                 host = v.to_string();
             }
