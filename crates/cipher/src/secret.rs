@@ -109,7 +109,8 @@ pub fn lock_memory(ptr: *const u8, len: usize) -> bool {
     true
 }
 
-/// Whether `mlock` has refused a range in this process.
+/// Whether `mlock` has refused a range in this process (the hook is
+/// called at the first refusal only).
 static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Called at the first refusal (see [`on_first_lock_refusal`]).
 static REFUSAL_HOOK: std::sync::OnceLock<fn(&std::io::Error)> = std::sync::OnceLock::new();
@@ -120,11 +121,6 @@ static REFUSAL_HOOK: std::sync::OnceLock<fn(&std::io::Error)> = std::sync::OnceL
 /// The first hook set stays.
 pub fn on_first_lock_refusal(hook: fn(&std::io::Error)) {
     let _ = REFUSAL_HOOK.set(hook);
-}
-
-/// Whether `mlock` has refused to lock a secret in this process.
-pub fn lock_was_refused() -> bool {
-    REFUSED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 fn refused(cause: &std::io::Error) {

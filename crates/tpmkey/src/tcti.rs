@@ -232,7 +232,7 @@ impl FromStr for Tcti {
             .trim_start_matches("libtss2-tcti-")
             .trim_end_matches(".so.0")
             .trim_end_matches(".so");
-        let tcti = match name {
+        match name {
             "device" => {
                 let path = conf.strip_prefix("path=").unwrap_or(conf);
                 let path = if path.is_empty() { "/dev/tpmrm0" } else { path };
@@ -261,8 +261,7 @@ impl FromStr for Tcti {
                 "unknown TCTI '{other}' (expected device:PATH, swtpm:host=H,port=P, \
                  mssim:host=H,port=P or tabrmd)"
             ))),
-        }?;
-        Ok(tcti)
+        }
     }
 }
 
