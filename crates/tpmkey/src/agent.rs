@@ -200,7 +200,7 @@ fn check_socket(path: &Path) -> Result<bool> {
         // A directory on the way that we may not search: if another user
         // owns it (one who made `$TMPDIR/tpmcrypt-UID` first), say so.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            let (reachable, _) = deepest_existing(path);
+            let (reachable, _) = trust::deepest_existing(path);
             trust::check_dir_to_create_in(reachable)?;
             return Err(io_err(path, e));
         }
@@ -587,7 +587,7 @@ fn create_private_dirs(dir: &Path) -> Result<()> {
     } else {
         dir
     };
-    let (at, missing) = deepest_existing(dir);
+    let (at, missing) = trust::deepest_existing(dir);
     if missing.is_empty() {
         return Ok(());
     }
@@ -601,26 +601,6 @@ fn create_private_dirs(dir: &Path) -> Result<()> {
         trust::check_private_dir(d, "the agent's socket directory")?;
     }
     Ok(())
-}
-
-/// The deepest of `path` and its ancestors that this process can see
-/// (`.` for a relative path none of whose directories can be seen), and
-/// the ones below it, deepest first: missing, or in a directory we may not
-/// search.
-fn deepest_existing(path: &Path) -> (&Path, Vec<&Path>) {
-    let mut missing = Vec::new();
-    let mut at = path;
-    while fs::symlink_metadata(at).is_err() {
-        missing.push(at);
-        match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => at = p,
-            _ => {
-                at = Path::new(".");
-                break;
-            }
-        }
-    }
-    (at, missing)
 }
 
 /// A zeroed heap buffer of `len` bytes, locked in memory where the process

@@ -159,13 +159,7 @@ impl Keystore {
     /// be a place where nobody else could make it first.
     pub fn check_trusted(&self) -> Result<()> {
         if fs::symlink_metadata(&self.dir).is_err() {
-            let mut at = self.dir.as_path();
-            while fs::symlink_metadata(at).is_err() {
-                match at.parent() {
-                    Some(p) if !p.as_os_str().is_empty() => at = p,
-                    _ => return Ok(()),
-                }
-            }
+            let (at, _) = trust::deepest_existing(&self.dir);
             return trust::check_dir_to_create_in(at);
         }
         trust::check_private_dir(&self.dir, "the keystore directory")

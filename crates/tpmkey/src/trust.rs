@@ -38,6 +38,26 @@ fn untrusted(path: &Path, why: String) -> Error {
     }
 }
 
+/// The deepest of `path` and its ancestors that this process can see
+/// (`.` for a relative path none of whose directories can be seen), and
+/// the ones below it, deepest first: missing, or in a directory we may not
+/// search.
+pub(crate) fn deepest_existing(path: &Path) -> (&Path, Vec<&Path>) {
+    let mut missing = Vec::new();
+    let mut at = path;
+    while fs::symlink_metadata(at).is_err() {
+        missing.push(at);
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => {
+                at = Path::new(".");
+                break;
+            }
+        }
+    }
+    (at, missing)
+}
+
 /// Checks that `meta` (of `path`) is owned by the caller and not writable
 /// by group or others. `what` names the object in the error.
 pub fn check_private(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
