@@ -538,38 +538,18 @@ pub struct Agent {
 /// it, an agent starting a moment after another could remove the socket
 /// the other had just bound, leaving that one running out of reach.
 fn agent_lock(path: &Path) -> Result<fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut name = path.as_os_str().to_os_string();
     name.push(".lock");
     let lock_path = PathBuf::from(name);
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(|e| io_err(&lock_path, e))?;
+    let file = trust::open_lock_file(&lock_path, "the agent's lock file")?;
     let meta = file.metadata().map_err(|e| io_err(&lock_path, e))?;
-    if !meta.is_file() {
-        return Err(Error::Untrusted {
-            path: lock_path,
-            why: "the agent's lock file is not a regular file".into(),
-        });
-    }
     trust::check_private(&lock_path, &meta, "the agent's lock file")?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
-            return Err(Error::InvalidInput(format!(
-                "an agent is already running at {} (or starting: {} is locked)",
-                path.display(),
-                lock_path.display()
-            )));
-        }
-        return Err(io_err(&lock_path, e));
+    if !trust::try_flock(&file, libc::LOCK_EX).map_err(|e| io_err(&lock_path, e))? {
+        return Err(Error::InvalidInput(format!(
+            "an agent is already running at {} (or starting: {} is locked)",
+            path.display(),
+            lock_path.display()
+        )));
     }
     Ok(file)
 }

@@ -665,8 +665,7 @@ impl Keystore {
         } else {
             libc::LOCK_SH
         };
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+        if trust::try_flock(&file, how).map_err(|e| Error::io(&path, e))? {
             return Ok(Some(KeystoreLock(file)));
         }
         // Held by another process: said (once a process), then waited for.

@@ -53,48 +53,28 @@ const LOCK_WAIT: Duration = Duration::from_secs(60);
 /// `--simulator` runs at the same moment failed one in five. Now they
 /// take turns.
 fn lock_state(dir: &Path) -> Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(".tpmcrypt.lock");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(STATE_FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
-    // One made wider by hand is tightened, as swtpm's files are.
     use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(".tpmcrypt.lock");
+    let file = crate::trust::open_lock_file(&path, "the simulator's lock file")?;
+    // One made wider by hand is tightened, as swtpm's files are.
     let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
     if meta.permissions().mode() & 0o077 != 0 {
         file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
             .map_err(|e| Error::io(&path, e))?;
     }
     let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(file);
+    while !crate::trust::try_flock(&file, libc::LOCK_EX).map_err(|e| Error::io(&path, e))? {
+        if Instant::now() >= deadline {
+            return Err(Error::Simulator(format!(
+                "its state in {} has been in use by another process for {} s (a watch \
+                 daemon or agent run with --simulator?)",
+                dir.display(),
+                LOCK_WAIT.as_secs()
+            )));
         }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::WouldBlock if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            std::io::ErrorKind::WouldBlock => {
-                return Err(Error::Simulator(format!(
-                    "its state in {} has been in use by another process for {} s (a watch \
-                     daemon or agent run with --simulator?)",
-                    dir.display(),
-                    LOCK_WAIT.as_secs()
-                )))
-            }
-            std::io::ErrorKind::Interrupted => {}
-            _ => return Err(Error::io(&path, e)),
-        }
+        std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(file)
 }
 
 /// Finds P such that P and P+1 are currently free on 127.0.0.1.

@@ -58,6 +58,45 @@ pub(crate) fn deepest_existing(path: &Path) -> (&Path, Vec<&Path>) {
     (at, missing)
 }
 
+/// Opens the lock file `path`, creating it (mode 0600) where it is
+/// missing: never through a symlink, never blocking, and only a regular
+/// file of the caller's (`what` names it in errors).
+pub(crate) fn open_lock_file(path: &Path, what: &str) -> Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(untrusted(path, format!("{what} is not a regular file")));
+    }
+    check_owned(path, &meta, what)?;
+    Ok(file)
+}
+
+/// Takes `how` (`LOCK_EX`, `LOCK_SH`) on `file` without waiting: false
+/// if another process holds a lock that stands in the way.
+pub(crate) fn try_flock(file: &fs::File, how: libc::c_int) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor the caller owns.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(false),
+            std::io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
+
 /// Checks that `meta` (of `path`) is owned by the caller and not writable
 /// by group or others. `what` names the object in the error.
 pub fn check_private(path: &Path, meta: &fs::Metadata, what: &str) -> Result<()> {
