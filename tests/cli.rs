@@ -328,7 +328,7 @@ fn traced_at(dir: &Path, nofile: Option<u32>, trace: &str, args: &[&str]) -> Vec
     assert!(status.success(), "{args:?} under strace: {status}");
     let text = fs::read_to_string(&log).unwrap();
     fs::remove_file(&log).unwrap();
-    text.lines().map(str::to_owned).collect()
+    common::calls_made(&text).map(str::to_owned).collect()
 }
 
 /// The sync calls (`fsync`, `fdatasync`, `sync_file_range`) a run makes,

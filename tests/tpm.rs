@@ -2269,8 +2269,7 @@ fn agent_connects(dir: &Path, args: &[&str]) -> (usize, Vec<u8>) {
     );
     let text = fs::read_to_string(&log).unwrap();
     fs::remove_file(&log).unwrap();
-    let n = text
-        .lines()
+    let n = common::calls_made(&text)
         .filter(|l| l.contains(".tpmcrypt-agent.sock"))
         .count();
     (n, out.stdout)

@@ -167,6 +167,14 @@ pub fn listing(dir: &Path) -> Vec<String> {
 }
 
 /// Trials for the kill -9 loops: 20 in the regular suite, more with
+/// The lines of an strace log (`-o`) for the calls a run made, each once.
+/// A call the kernel restarted (an `execve` that met a signal while it
+/// waited for its lock, a `connect` under `SA_RESTART`) is printed twice,
+/// its first try ending `= ? ERESTART…`; that try is left out.
+pub fn calls_made(log: &str) -> impl Iterator<Item = &str> {
+    log.lines().filter(|l| !l.contains("= ? ERESTART"))
+}
+
 /// `TPMCRYPT_KILL_TRIALS` (`scripts/reliability` runs 100).
 pub fn kill_trials() -> usize {
     std::env::var("TPMCRYPT_KILL_TRIALS")
