@@ -414,7 +414,8 @@ fn without_tpmcrypt_full_a_handed_over_run_is_one_error_line() {
 }
 
 /// A tpmcrypt-full that another user owns, or that others may replace (it
-/// or its directory writable by them), is not run: one error line (exit
+/// or its directory writable by them, or a directory above writable by
+/// them and not sticky, or theirs), is not run: one error line (exit
 /// 1). The build before ran it, with this user's environment and
 /// descriptors (PIN sources, the agent's socket).
 #[test]
@@ -453,6 +454,34 @@ fn a_tpmcrypt_full_another_user_could_have_put_there_is_not_run() {
     );
     fs::set_permissions(&inst, fs::Permissions::from_mode(0o755)).unwrap();
     assert_ok(&version(), "--version again");
+    // A directory above it that another user may write to (and so swap
+    // its directory for one of theirs between the check and the exec), or
+    // owns. The build before checked only its own directory, and ran it.
+    let mode = fs::metadata(d).unwrap().permissions().mode();
+    fs::set_permissions(d, fs::Permissions::from_mode(0o777)).unwrap();
+    let r = version();
+    fs::set_permissions(d, fs::Permissions::from_mode(mode)).unwrap();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["above it is writable by other users", "not run"],
+        "a directory above, 0777",
+    );
+    std::os::unix::fs::chown(d, Some(65534), None).unwrap();
+    let r = version();
+    std::os::unix::fs::chown(d, Some(0), None).unwrap();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["above it is owned by uid 65534", "not run"],
+        "a directory above, another user's",
+    );
+    fs::set_permissions(d, fs::Permissions::from_mode(0o1777)).unwrap();
+    let r = version();
+    fs::set_permissions(d, fs::Permissions::from_mode(mode)).unwrap();
+    assert_ok(&r, "a sticky directory above (as /tmp)");
 }
 
 /// Installed as the Debian package lays it out: bin/tpmcrypt and

@@ -88,7 +88,7 @@ pub fn main() -> ! {
     // Before anything may hold a key.
     crate::harden::disable_core_dumps();
     crate::harden::lock_secrets_or_say_so();
-    crate::harden::say_keystore_lock_waits();
+    crate::harden::say_lock_waits();
     let argv: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = serve(&argv) {
         std::process::exit(code);
@@ -425,7 +425,8 @@ fn full_path() -> Option<PathBuf> {
 /// Why `full` must not be run, if so: it, or its directory, is owned by
 /// another user than root and this one, or writable by others, or by a
 /// group other than this user's own (a build made under umask 002 has
-/// the user's private group, which may write).
+/// the user's private group, which may write); or a directory above is
+/// ([`above`]).
 /// It runs with this user's environment and descriptors (PIN sources,
 /// the agent's socket), so it must be what root or this user put there,
 /// and what nobody else could replace.
@@ -451,7 +452,45 @@ fn untrusted(full: &Path) -> Option<String> {
         }
         None
     };
-    check(full, "it").or_else(|| full.parent().and_then(|dir| check(dir, "its directory")))
+    let Some(dir) = full.parent() else {
+        return check(full, "it");
+    };
+    check(full, "it")
+        .or_else(|| check(dir, "its directory"))
+        .or_else(|| above(dir, me, my_group))
+}
+
+/// Why a directory above `dir` (the one holding `tpmcrypt-full`) lets
+/// another user swap what runs, if one does: owned by another user than
+/// root and this one, or writable by others (or a group other than this
+/// user's own) and not sticky, as `/tmp` is. Before, only `dir` was
+/// checked: another user who could write to a directory above
+/// `libexec/tpmcrypt/` exchanged it for one of their own between the check
+/// and the exec, and root ran their program (in 207 tries). `dir` comes
+/// from `/proc/self/exe`, resolved: no symlink on the way.
+fn above(dir: &Path, me: u32, my_group: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    for d in dir.ancestors().skip(1) {
+        let Ok(m) = std::fs::metadata(d) else {
+            continue;
+        };
+        let shown = crate::ui::printable(&d.display().to_string());
+        if m.uid() != 0 && m.uid() != me {
+            return Some(format!(
+                "the directory {shown} above it is owned by uid {}, not by you (uid {me}) or root",
+                m.uid()
+            ));
+        }
+        let writable = m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group);
+        if writable && m.mode() & 0o1000 == 0 {
+            return Some(format!(
+                "the directory {shown} above it is writable by other users and not sticky \
+                 (mode {:04o})",
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    None
 }
 
 /// Replaces this process with `tpmcrypt-full`, given the same arguments.
