@@ -2037,3 +2037,117 @@ fn a_key_that_cannot_be_locked_in_memory_is_named() {
         "{text}"
     );
 }
+
+/// The simulator's state holds a TPM's seeds: it is trusted as the
+/// keystore is. Before, with the keystore in a directory another user
+/// controls, root's `--simulator` run (`doctor`, `key create`, `pcr sign`)
+/// followed their symlink `simulator` to a directory of root's (standing
+/// for `/etc`), made it 0700 and wrote the TPM's state into it.
+#[test]
+fn the_simulators_state_is_trusted_as_the_keystore_is() {
+    require_root();
+    let dir = scratch();
+    let d = dir.path();
+    let etc = d.join("etc");
+    fs::create_dir(&etc).unwrap();
+    common::chmod(&etc, 0o755);
+    fs::write(etc.join("passwd"), b"root:x:0:0").unwrap();
+    let ks = d.join("ks");
+    their_dir(&ks, 0o755);
+    std::os::unix::fs::symlink(&etc, ks.join("simulator")).unwrap();
+    chown(&ks.join("simulator"), NOBODY);
+    let signer = d.join("signer");
+    let made = tpmcrypt(d)
+        .args(["pcr-signer", "create", "--out"])
+        .arg(&signer)
+        .output()
+        .expect("spawn");
+    assert_ok(&made.into(), "pcr-signer create");
+    let signer = signer.to_str().unwrap();
+    for args in [
+        &["doctor"][..],
+        &["key", "create", "k"],
+        &[
+            "pcr",
+            "sign",
+            "--current",
+            "--pcrs",
+            "sha256:16",
+            "--signer",
+            signer,
+            "-o",
+            "p",
+        ],
+    ] {
+        let r: Run = tpmcrypt(d)
+            .env("TPMCRYPT_HOME", &ks)
+            .arg("--simulator")
+            .args(args)
+            .output()
+            .expect("spawn")
+            .into();
+        assert_eq!(
+            common::mode_of(&etc),
+            0o755,
+            "{args:?} changed the mode of root's directory: {}",
+            r.stderr
+        );
+        assert_eq!(
+            common::listing(&etc),
+            ["passwd"],
+            "{args:?} wrote into root's directory: {}",
+            r.stderr
+        );
+        let said = format!("{}{}", String::from_utf8_lossy(&r.stdout), r.stderr);
+        assert!(said.contains("uid 65534"), "{args:?}: {said}");
+        assert_ne!(r.code, 0, "{args:?}: {said}");
+    }
+}
+
+/// The second half of [`the_simulators_state_is_trusted_as_the_keystore_is`]:
+/// a keystore not made yet in a sticky directory (as /tmp), whose parent
+/// the other user makes (0777) while root is asked for the new key's PIN.
+/// Before, the simulator made the keystore there, unchecked, and root's key
+/// files were written into it (exit 0).
+#[test]
+fn a_keystore_whose_parent_another_user_made_meanwhile_gets_no_key() {
+    require_root();
+    let dir = scratch();
+    let d = dir.path();
+    let public = d.join("tmp");
+    fs::create_dir(&public).unwrap();
+    common::chmod(&public, 0o1777);
+    let later = public.join("later");
+    let askpass = d.join("askpass");
+    fs::write(
+        &askpass,
+        format!(
+            "#!/bin/sh\n[ -d {0} ] || \
+             setpriv --reuid 65534 --regid 65534 --clear-groups mkdir -m 0777 {0}\n\
+             echo 1234\n",
+            later.display()
+        ),
+    )
+    .unwrap();
+    common::chmod(&askpass, 0o755);
+    let r: Run = tpmcrypt(d)
+        .env("TPMCRYPT_HOME", later.join("ks"))
+        .env("TPMCRYPT_ASKPASS", &askpass)
+        .args(["--simulator", "key", "create", "--pin", "k"])
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ne!(r.code, 0, "key create in their directory: {}", r.stderr);
+    assert!(r.stderr.contains("uid 65534"), "{}", r.stderr);
+    assert_eq!(
+        fs::metadata(&later).map(|m| m.uid()).ok(),
+        Some(NOBODY),
+        "the askpass program made the parent: {}",
+        r.stderr
+    );
+    assert!(
+        common::listing(&later).is_empty(),
+        "root's run made {:?} in the other user's directory",
+        common::listing(&later)
+    );
+}

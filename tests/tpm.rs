@@ -2428,6 +2428,116 @@ fn simulator_runs_on_one_keystore_take_turns() {
     assert_eq!(key_list(d).len(), 7);
 }
 
+/// A keystore's lock file removed while one process holds it and another
+/// waits on it: the waiter, once it gets that file, finds that the name
+/// now gives another (which a third process has locked) and waits for
+/// that one. The build before went ahead beside the third.
+#[test]
+fn a_lock_file_removed_while_waited_for_is_taken_again() {
+    let dir = scratch();
+    let d = dir.path();
+    let ks = keystore(d);
+    fs::create_dir_all(&ks).unwrap();
+    common::chmod(&ks, 0o700);
+    fs::write(ks.join("k.key.pem"), b"junk").unwrap();
+    common::chmod(&ks.join("k.key.pem"), 0o600);
+    let lock = ks.join(".lock");
+    let hold = |secs: &str| {
+        Command::new("flock")
+            .arg("-x")
+            .arg(&lock)
+            .args(["sleep", secs])
+            .spawn()
+            .expect("flock (util-linux)")
+    };
+    let start = Instant::now();
+    let mut first = hold("2");
+    while !lock.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no lock file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut waiter = tpmcrypt(d)
+        .args(["key", "delete", "k", "--yes"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(500));
+    fs::remove_file(&lock).unwrap();
+    let mut third = hold("4");
+    let _ = first.wait();
+    std::thread::sleep(Duration::from_millis(1000));
+    let done_early = waiter.try_wait().expect("try_wait").is_some();
+    let _ = third.wait();
+    let r = common::finished_by(
+        waiter,
+        Instant::now() + Duration::from_secs(20),
+        "key delete",
+    );
+    assert!(
+        !done_early,
+        "went ahead while another process held the lock file the name gives: {}",
+        r.stderr
+    );
+    assert_ok(&r, "key delete");
+    assert!(!ks.join("k.key.pem").exists());
+}
+
+/// A run waiting for the simulator another process has says so once, and
+/// a signal ends the wait at once. The build before waited without a
+/// word, and a SIGTERM took 5 s to end it (the time a signal gives a TPM
+/// operation under way to end).
+#[test]
+fn a_wait_for_the_simulator_is_said_and_a_signal_ends_it() {
+    let dir = scratch();
+    let d = dir.path();
+    assert_ok(
+        &plain(d, &["--simulator", "key", "create", "k"]),
+        "key create",
+    );
+    fs::write(d.join("f"), b"x").unwrap();
+    assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
+    let held = Simulator::start(&keystore(d).join("simulator")).expect("swtpm");
+    let child = tpmcrypt(d)
+        .args(["--simulator", "decrypt", "-o", "-", "f.tpmc"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(1000));
+    let sent = Instant::now();
+    // SAFETY: plain kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let r = common::finished_by(child, Instant::now() + Duration::from_secs(20), "decrypt");
+    let took = sent.elapsed();
+    assert!(
+        r.code == -1 || r.code == 128 + libc::SIGTERM,
+        "{}: {}",
+        r.code,
+        r.stderr
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "ended {took:?} after SIGTERM: {}",
+        r.stderr
+    );
+    assert_eq!(
+        r.stderr
+            .lines()
+            .filter(|l| l.starts_with("tpmcrypt: waiting for the simulator's state lock"))
+            .count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stdout.is_empty(),
+        "decrypted while another had the simulator"
+    );
+    drop(held);
+}
+
 /// SIGINT or SIGTERM while a TPM command is under way, on a TPM without a
 /// resource manager (swtpm reached directly, as `/dev/tpm0` would be): the
 /// run ends by the signal once the operation is over, and leaves no

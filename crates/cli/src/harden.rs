@@ -56,12 +56,13 @@ fn say_a_key_is_not_locked(cause: &std::io::Error) {
     );
 }
 
-/// Has a wait for a keystore's lock that another process holds said on
-/// standard error (once), rather than wait without a word.
-pub fn say_keystore_lock_waits() {
-    tpmcrypt_tpmkey::keystore::on_lock_wait(|lock| {
+/// Has a wait for a lock that another process holds (the keystore's, the
+/// simulator's state) said on standard error (once), rather than wait
+/// without a word.
+pub fn say_lock_waits() {
+    tpmcrypt_tpmkey::trust::on_lock_wait(|lock, what| {
         stderr_line!(
-            "tpmcrypt: waiting for the keystore's lock {}, which another process holds",
+            "tpmcrypt: waiting for {what} {}, which another process holds",
             crate::ui::shown(lock)
         )
     });

@@ -61,7 +61,7 @@ pub fn main_full() -> ! {
     // Before anything may hold a key.
     harden::disable_core_dumps();
     harden::lock_secrets_or_say_so();
-    harden::say_keystore_lock_waits();
+    harden::say_lock_waits();
     // This executable loads libcrypto anyway (tpm2-tss needs it), and
     // OpenSSL is the fastest backend for CBC and 192-bit keys.
     tpmcrypt_cipher::backend::enable_openssl();

@@ -541,17 +541,24 @@ fn agent_lock(path: &Path) -> Result<fs::File> {
     let mut name = path.as_os_str().to_os_string();
     name.push(".lock");
     let lock_path = PathBuf::from(name);
-    let file = trust::open_lock_file(&lock_path, "the agent's lock file")?;
-    let meta = file.metadata().map_err(|e| io_err(&lock_path, e))?;
-    trust::check_private(&lock_path, &meta, "the agent's lock file")?;
-    if !trust::try_flock(&file, libc::LOCK_EX).map_err(|e| io_err(&lock_path, e))? {
-        return Err(Error::InvalidInput(format!(
-            "an agent is already running at {} (or starting: {} is locked)",
-            path.display(),
-            lock_path.display()
-        )));
+    loop {
+        let file = trust::open_lock_file(&lock_path, "the agent's lock file")?;
+        let meta = file.metadata().map_err(|e| io_err(&lock_path, e))?;
+        trust::check_private(&lock_path, &meta, "the agent's lock file")?;
+        if !trust::try_flock(&file, libc::LOCK_EX).map_err(|e| io_err(&lock_path, e))? {
+            return Err(Error::InvalidInput(format!(
+                "an agent is already running at {} (or starting: {} is locked)",
+                path.display(),
+                lock_path.display()
+            )));
+        }
+        // Removed or replaced since it was opened here (while another
+        // agent held it): locked, it would stand in the way of no agent
+        // that opens the file the name now gives.
+        if trust::still_names(&lock_path, &file) {
+            return Ok(file);
+        }
     }
-    Ok(file)
 }
 
 /// Creates what is missing of `dir`, each directory 0700: nothing is

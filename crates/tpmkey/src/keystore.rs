@@ -547,15 +547,8 @@ impl Keystore {
 
 /// Called (once a process) when a keystore's lock is held by another
 /// process and this one is about to wait for it: see [`on_lock_wait`].
-static LOCK_WAIT_HOOK: std::sync::OnceLock<fn(&Path)> = std::sync::OnceLock::new();
+/// Whether this process said it waits for a keystore's lock.
 static LOCK_WAIT_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Has `hook` called with the lock file's path the first time this
-/// process waits for a keystore's lock that another holds (a run that
-/// would otherwise wait without a word, e.g. behind a stopped process).
-pub fn on_lock_wait(hook: fn(&Path)) {
-    let _ = LOCK_WAIT_HOOK.set(hook);
-}
 
 /// An exclusive lock on a keystore ([`Keystore::lock`]), released when
 /// dropped.
@@ -573,8 +566,7 @@ impl Keystore {
     /// that others may read (trusted: not writable by them) would let
     /// another user hold its lock for ever.
     pub fn lock(&self) -> Result<KeystoreLock> {
-        // The first write makes the keystore (see [`Keystore::open`]), and
-        // checks it as made.
+        // The first write makes the keystore (see [`Keystore::open`]).
         if fs::symlink_metadata(&self.dir).is_err() {
             self.check_trusted()?;
             fs::DirBuilder::new()
@@ -582,8 +574,11 @@ impl Keystore {
                 .mode(0o700)
                 .create(&self.dir)
                 .map_err(|e| Error::io(&self.dir, e))?;
-            self.check_trusted()?;
         }
+        // Checked as it is now, by every write: a check made at the start
+        // of the run says nothing of a keystore that something else made
+        // since (another user, while the run asked for a PIN).
+        self.check_trusted()?;
         let Some(lock) = self.lock_file(true)? else {
             return Err(Error::Keystore(format!(
                 "no lock file in {}",
@@ -605,7 +600,22 @@ impl Keystore {
         self.lock_file(false)
     }
 
+    /// [`Keystore::lock_file_once`] until the lock taken is on the file
+    /// the name `.lock` gives: one removed or replaced after this run
+    /// opened it (while it waited for another process) would stand
+    /// between this run and no process that opens the file the name now
+    /// gives.
     fn lock_file(&self, exclusive: bool) -> Result<Option<KeystoreLock>> {
+        let path = self.dir.join(".lock");
+        loop {
+            match self.lock_file_once(exclusive)? {
+                Some(lock) if !trust::still_names(&path, &lock.0) => continue,
+                taken => return Ok(taken),
+            }
+        }
+    }
+
+    fn lock_file_once(&self, exclusive: bool) -> Result<Option<KeystoreLock>> {
         use std::os::unix::io::AsRawFd;
         let path = self.dir.join(".lock");
         let open = |write: bool| {
@@ -669,11 +679,7 @@ impl Keystore {
             return Ok(Some(KeystoreLock(file)));
         }
         // Held by another process: said (once a process), then waited for.
-        if let Some(hook) = LOCK_WAIT_HOOK.get() {
-            if !LOCK_WAIT_SAID.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                hook(&path);
-            }
-        }
+        trust::say_lock_wait(&LOCK_WAIT_SAID, &path, "the keystore's lock");
         loop {
             // SAFETY: flock on a descriptor this function owns.
             if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {

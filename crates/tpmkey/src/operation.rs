@@ -5,10 +5,21 @@
 //! has no resource manager (swtpm, `/dev/tpm0`), where a few such
 //! interrupts fill it. Touches nothing of tpm2-tss.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 static OPERATION: Mutex<()> = Mutex::new(());
+
+/// Set once the process is ending by a signal ([`end_operations`]).
+static ENDING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the process is ending by a signal: an operation that waits
+/// (for another process's simulator) gives up rather than hold the end
+/// for its whole wait.
+pub(crate) fn ending() -> bool {
+    ENDING.load(Ordering::SeqCst)
+}
 
 /// Held for the length of one TPM operation.
 pub(crate) fn begin() -> MutexGuard<'static, ()> {
@@ -20,6 +31,7 @@ pub(crate) fn begin() -> MutexGuard<'static, ()> {
 /// (the wait is never given back). False if one was still under way at
 /// `limit`.
 pub fn end_operations(limit: Duration) -> bool {
+    ENDING.store(true, Ordering::SeqCst);
     let deadline = Instant::now() + limit;
     loop {
         match OPERATION.try_lock() {

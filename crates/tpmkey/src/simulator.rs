@@ -51,30 +51,45 @@ const LOCK_WAIT: Duration = Duration::from_secs(60);
 /// at a time may have it, and a second one started beside the first
 /// failed at once ("Could not lock access to lockfile"), so that two
 /// `--simulator` runs at the same moment failed one in five. Now they
-/// take turns.
+/// take turns. A wait is said (once a process), and given up when the
+/// process is ending by a signal; a lock file removed or replaced while
+/// another process held it is taken again as the name now gives it.
 fn lock_state(dir: &Path) -> Result<std::fs::File> {
     use std::os::unix::fs::PermissionsExt;
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    const WHAT: &str = "the simulator's state lock";
     let path = dir.join(".tpmcrypt.lock");
-    let file = crate::trust::open_lock_file(&path, "the simulator's lock file")?;
-    // One made wider by hand is tightened, as swtpm's files are.
-    let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
-            .map_err(|e| Error::io(&path, e))?;
-    }
     let deadline = Instant::now() + LOCK_WAIT;
-    while !crate::trust::try_flock(&file, libc::LOCK_EX).map_err(|e| Error::io(&path, e))? {
-        if Instant::now() >= deadline {
-            return Err(Error::Simulator(format!(
-                "its state in {} has been in use by another process for {} s (a watch \
-                 daemon or agent run with --simulator?)",
-                dir.display(),
-                LOCK_WAIT.as_secs()
-            )));
+    loop {
+        let file = crate::trust::open_lock_file(&path, "the simulator's lock file")?;
+        // One made wider by hand is tightened, as swtpm's files are.
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
+                .map_err(|e| Error::io(&path, e))?;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        while !crate::trust::try_flock(&file, libc::LOCK_EX).map_err(|e| Error::io(&path, e))? {
+            crate::trust::say_lock_wait(&SAID, &path, WHAT);
+            if crate::operation::ending() {
+                return Err(Error::Simulator(format!(
+                    "interrupted while waiting for {WHAT} {}",
+                    path.display()
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Simulator(format!(
+                    "its state in {} has been in use by another process for {} s (a watch \
+                     daemon or agent run with --simulator?)",
+                    dir.display(),
+                    LOCK_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if crate::trust::still_names(&path, &file) {
+            return Ok(file);
+        }
     }
-    Ok(file)
 }
 
 /// Finds P such that P and P+1 are currently free on 127.0.0.1.
@@ -281,28 +296,71 @@ const LOCK_FILE: &str = ".lock";
 /// Creates the state directory 0700, or tightens an existing one (and a
 /// lock file left by an older swtpm run) so no other user can read the
 /// simulated TPM's secrets.
+///
+/// It holds a TPM's seeds, so it is trusted as the keystore is
+/// ([`crate::trust`]): made only where nobody else could have made it (or
+/// a directory on the way) first, and checked again as made, since another
+/// user may make a missing directory on the way meanwhile; an existing one
+/// must be the caller's, under directories nobody else may change. Before,
+/// a state directory that another user had made a symlink to, say, `/etc`
+/// had root's run chmod that directory and write the TPM's state into it.
+/// Modes are then changed through descriptors, never through a path that
+/// could be swapped in between.
 fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if dir.is_dir() {
-        let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(STATE_DIR_MODE))
-                .map_err(|e| Error::io(dir, e))?;
-        }
-        let lock = dir.join(LOCK_FILE);
-        if let Ok(meta) = std::fs::symlink_metadata(&lock) {
-            if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
-                std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(STATE_FILE_MODE))
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    const WHAT: &str = "the simulator's state directory";
+    if std::fs::symlink_metadata(dir).is_err() {
+        let (at, _) = crate::trust::deepest_existing(dir);
+        crate::trust::check_dir_to_create_in(at)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(STATE_DIR_MODE)
+            .create(dir)
+            .map_err(|e| Error::io(dir, e))?;
+    }
+    crate::trust::check_private_dir(dir, WHAT)?;
+    let d = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    let meta = d.metadata().map_err(|e| Error::io(dir, e))?;
+    crate::trust::check_private(dir, &meta, WHAT)?;
+    if meta.mode() & 0o077 != 0 {
+        d.set_permissions(std::fs::Permissions::from_mode(STATE_DIR_MODE))
+            .map_err(|e| Error::io(dir, e))?;
+    }
+    let lock = dir.join(LOCK_FILE);
+    if let Ok(file) = open_in(&d, LOCK_FILE) {
+        if let Ok(meta) = file.metadata() {
+            if meta.is_file() && meta.uid() == crate::trust::euid() && meta.mode() & 0o077 != 0 {
+                file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
                     .map_err(|e| Error::io(&lock, e))?;
             }
         }
-        return Ok(());
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(STATE_DIR_MODE)
-        .create(dir)
-        .map_err(|e| Error::io(dir, e))
+    Ok(())
+}
+
+/// Opens `name` in the open directory `dir` to read, never through a
+/// symlink and never blocking (a FIFO planted there).
+fn open_in(dir: &std::fs::File, name: &str) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated name relative to an open directory; the
+    // descriptor returned is owned by the File made from it.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nobody else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Prepares the child: SIGTERM swtpm if our process dies without dropping

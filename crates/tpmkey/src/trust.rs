@@ -80,6 +80,35 @@ pub(crate) fn open_lock_file(path: &Path, what: &str) -> Result<fs::File> {
     Ok(file)
 }
 
+static LOCK_WAIT_HOOK: std::sync::OnceLock<fn(&Path, &str)> = std::sync::OnceLock::new();
+
+/// Has `hook` called with a lock file's path and what it locks (`the
+/// keystore's lock`, `the simulator's state lock`) the first time this
+/// process waits for such a lock that another process holds: a run that
+/// would otherwise wait without a word, behind a stopped process.
+pub fn on_lock_wait(hook: fn(lock: &Path, what: &str)) {
+    let _ = LOCK_WAIT_HOOK.set(hook);
+}
+
+/// Says, through the hook of [`on_lock_wait`], that this process waits for
+/// `what` (`lock`), unless `said` says it did already.
+pub(crate) fn say_lock_wait(said: &std::sync::atomic::AtomicBool, lock: &Path, what: &str) {
+    if let Some(hook) = LOCK_WAIT_HOOK.get() {
+        if !said.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            hook(lock, what);
+        }
+    }
+}
+
+/// Whether `path` still names `file` (the same inode): a lock file removed
+/// or replaced since it was opened stands between no two processes.
+pub(crate) fn still_names(path: &Path, file: &fs::File) -> bool {
+    match (fs::symlink_metadata(path), file.metadata()) {
+        (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+        _ => false,
+    }
+}
+
 /// Takes `how` (`LOCK_EX`, `LOCK_SH`) on `file` without waiting: false
 /// if another process holds a lock that stands in the way.
 pub(crate) fn try_flock(file: &fs::File, how: libc::c_int) -> std::io::Result<bool> {

@@ -49,10 +49,12 @@ fn check_state_modes(state: &Path) -> Vec<String> {
 
 #[test]
 fn state_is_0700_and_files_0600_whatever_the_umask() {
+    // Made before the umask is cleared: a directory every user may write
+    // to is no place for a TPM's state, and is refused.
+    let dir = tempfile::tempdir().unwrap();
     // Only test in this binary: the umask is process-wide.
     // SAFETY: umask cannot fail.
     let old = unsafe { libc::umask(0) };
-    let dir = tempfile::tempdir().unwrap();
 
     // Fresh state directory.
     let fresh = dir.path().join("fresh/state");
