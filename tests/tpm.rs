@@ -2428,6 +2428,17 @@ fn simulator_runs_on_one_keystore_take_turns() {
     assert_eq!(key_list(d).len(), 7);
 }
 
+/// A keystore of `dir` holding one key file, `k.key.pem` (not a key: what
+/// a `key delete k` removes), for the tests of its lock.
+fn keystore_with_a_key_file(dir: &Path) -> PathBuf {
+    let ks = keystore(dir);
+    fs::create_dir_all(&ks).unwrap();
+    common::chmod(&ks, 0o700);
+    fs::write(ks.join("k.key.pem"), b"junk").unwrap();
+    common::chmod(&ks.join("k.key.pem"), 0o600);
+    ks
+}
+
 /// A keystore's lock file removed while one process holds it and another
 /// waits on it: the waiter, once it gets that file, finds that the name
 /// now gives another (which a third process has locked) and waits for
@@ -2436,11 +2447,7 @@ fn simulator_runs_on_one_keystore_take_turns() {
 fn a_lock_file_removed_while_waited_for_is_taken_again() {
     let dir = scratch();
     let d = dir.path();
-    let ks = keystore(d);
-    fs::create_dir_all(&ks).unwrap();
-    common::chmod(&ks, 0o700);
-    fs::write(ks.join("k.key.pem"), b"junk").unwrap();
-    common::chmod(&ks.join("k.key.pem"), 0o600);
+    let ks = keystore_with_a_key_file(d);
     let lock = ks.join(".lock");
     let hold = |secs: &str| {
         Command::new("flock")
@@ -2592,11 +2599,7 @@ fn an_interrupt_during_a_tpm_operation_leaves_nothing_loaded() {
 fn a_wait_for_the_keystore_lock_is_said() {
     let dir = scratch();
     let d = dir.path();
-    let ks = keystore(d);
-    fs::create_dir_all(&ks).unwrap();
-    common::chmod(&ks, 0o700);
-    fs::write(ks.join("k.key.pem"), b"junk").unwrap();
-    common::chmod(&ks.join("k.key.pem"), 0o600);
+    let ks = keystore_with_a_key_file(d);
     let holder = Command::new("flock")
         .args(["-x"])
         .arg(ks.join(".lock"))
