@@ -1241,7 +1241,15 @@ fn tpm_going_away_mid_run() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // The TPM goes away, then the run goes on.
+    let port = sim.port();
     sim.stop();
+    // Its ports stay closed until the restart below (which must find new
+    // ones): freed, the kernel could give them to the next bind on the
+    // machine, another test's swtpm, which then answered `key create`.
+    let held = [port, port + 1].map(|p| {
+        common::hold_closed(p)
+            .unwrap_or_else(|e| panic!("hold the stopped swtpm's port {p} closed: {e}"))
+    });
     write_fifo(&d.join("f1.tpmc"), &cts[1], &mut child);
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
@@ -1313,6 +1321,7 @@ fn tpm_going_away_mid_run() {
     fs::remove_file(d.join("f0")).unwrap();
     let sim = Simulator::start(&state).expect("restart swtpm");
     assert_ne!(sim.tcti(), tcti, "expected new ports");
+    drop(held);
     let res = run(
         d,
         &[

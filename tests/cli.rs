@@ -730,34 +730,82 @@ fn one_file_runs_list_a_large_directory_only_until_it_is_found_clean() {
 /// open-file limit allows one batch of them all (as it did, up to 4,096):
 /// while a batch waits for the disk the workers write the next, and only
 /// the last batch's commit waits alone. Counted as runs of `linkat` (the
-/// outputs getting their names) between syncs.
+/// outputs getting their names) between syncs. A batch is also closed one
+/// second after its first output (`batch::Limits::age`): on a busy machine
+/// (under strace, 300 outputs can take longer) that made six batches, so
+/// a batch short of a quarter other than the last must show that second,
+/// from the sync before it (or the start) to its own.
 #[test]
 fn a_run_of_many_files_commits_in_about_four_batches() {
     let (dir, r) = scratch();
     let d = dir.path();
     const N: usize = 1200;
+    const QUARTER: usize = N / 4;
     fs::create_dir(d.join("t")).unwrap();
     for i in 0..N {
         fs::write(d.join(format!("t/f{i:04}")), bytes(64, i as u64)).unwrap();
     }
     // An open-file limit that allows one batch of them all (1,349 files),
     // whatever the machine's: the build before made it one batch.
-    let calls = traced_at(
-        d,
-        Some(8192),
-        "syncfs,fsync,linkat",
-        &["encrypt", "-R", &r, "-r", "t"],
-    );
-    let mut batches = 0;
-    let mut last_was_link = false;
+    let log = d.join("strace.log");
+    let status = file_limit(d, 8192)
+        .arg("strace")
+        .args(["-f", "-qq", "-ttt", "-o"])
+        .arg(&log)
+        .args(["-e", "trace=execve,syncfs,fsync,linkat"])
+        .arg(common::bin())
+        .args(["encrypt", "-R", &r, "-r", "t"])
+        .status()
+        .expect("strace (installed by scripts/setup-deps)");
+    assert!(status.success(), "encrypt under strace: {status}");
+    let text = fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = common::calls_made(&text).collect();
+    // Each line: PID, seconds since the epoch, the call.
+    let at = |line: &str| -> f64 {
+        let stamp = line.split_whitespace().nth(1).unwrap_or_default();
+        stamp
+            .parse()
+            .unwrap_or_else(|e| panic!("no time in {line:?}: {e}"))
+    };
+    let start = at(calls
+        .iter()
+        .find(|c| c.contains("execve("))
+        .expect("the run's execve"));
+    // Per batch: its outputs named, and when its sync came after the one
+    // before it (the first: after the start).
+    let mut batches: Vec<(usize, f64)> = Vec::new();
+    let (mut last_was_link, mut last_sync, mut before) = (false, start, start);
     for c in &calls {
         let is_link = c.contains("linkat(");
-        batches += usize::from(is_link && !last_was_link);
+        if is_link && !last_was_link {
+            batches.push((0, last_sync - before));
+            before = last_sync;
+        }
+        if is_link {
+            batches.last_mut().unwrap().0 += 1;
+        }
+        if c.contains("sync") {
+            last_sync = at(c);
+        }
         if is_link || c.contains("sync") {
             last_was_link = is_link;
         }
     }
-    assert!((4..=5).contains(&batches), "{batches} batches: {calls:#?}");
+    let sizes: Vec<usize> = batches.iter().map(|b| b.0).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), N, "{sizes:?}: {calls:#?}");
+    assert!(
+        sizes.len() >= 4 && sizes.iter().all(|&n| n <= QUARTER),
+        "batches of {sizes:?} outputs: a quarter of the run at most"
+    );
+    for (i, &(n, waited)) in batches.iter().enumerate() {
+        if n < QUARTER && i + 1 < batches.len() {
+            assert!(
+                waited >= 0.99,
+                "batch {i} of {sizes:?} closed at {n} outputs, {waited:.3} s after the sync \
+                 before it: neither full nor a second old"
+            );
+        }
+    }
     assert_eq!(listing(&d.join("t")).len(), 2 * N);
 }
 

@@ -108,12 +108,17 @@ fn a_restarted_execve_is_one_program_started() {
 7 execve(\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"decrypt\"], 0x7ffe /* 9 vars */) = ? ERESTARTNOINTR (To be restarted)
 7 execve(\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"decrypt\"], 0x7ffe /* 9 vars */) = 0
 8 execve(\"/usr/local/bin/x\", [\"x\"], 0x7ffe /* 9 vars */) = -1 ENOENT (No such file or directory)
+9 execve(\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"-v\"], 0x7ffe /* 9 vars */ <unfinished ...>
+10 +++ exited with 0 +++
+9 <... execve resumed>) = ? ERESTARTNOINTR (To be restarted)
+9 execve(\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"-v\"], 0x7ffe /* 9 vars */) = 0
 ";
     assert_eq!(
         execs_of(log),
         [
             "\"/b/tpmcrypt\", [\"tpmcrypt\", \"decrypt\"",
             "\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"decrypt\"",
+            "\"/b/tpmcrypt-full\", [\"tpmcrypt\", \"-v\"",
         ]
     );
 }

@@ -170,9 +170,35 @@ pub fn listing(dir: &Path) -> Vec<String> {
 /// The lines of an strace log (`-o`) for the calls a run made, each once.
 /// A call the kernel restarted (an `execve` that met a signal while it
 /// waited for its lock, a `connect` under `SA_RESTART`) is printed twice,
-/// its first try ending `= ? ERESTART…`; that try is left out.
+/// its first try ending `= ? ERESTART…`; that try is left out, and where
+/// another process's line split it (`<unfinished ...>`, then `<... NAME
+/// resumed> … = ? ERESTART…`), both of its halves.
 pub fn calls_made(log: &str) -> impl Iterator<Item = &str> {
-    log.lines().filter(|l| !l.contains("= ? ERESTART"))
+    let lines: Vec<&str> = log.lines().collect();
+    let mut left_out = vec![false; lines.len()];
+    for (i, line) in lines.iter().enumerate() {
+        if !line.contains("= ? ERESTART") {
+            continue;
+        }
+        left_out[i] = true;
+        let Some((_, resumed)) = line.split_once("<... ") else {
+            continue;
+        };
+        let pid = line.split_whitespace().next();
+        let call = format!("{}(", resumed.split_whitespace().next().unwrap_or_default());
+        if let Some(j) = (0..i).rev().find(|&j| {
+            lines[j].split_whitespace().next() == pid
+                && lines[j].contains(&call)
+                && lines[j].ends_with("<unfinished ...>")
+        }) {
+            left_out[j] = true;
+        }
+    }
+    lines
+        .into_iter()
+        .zip(left_out)
+        .filter(|&(_, out)| !out)
+        .map(|(line, _)| line)
 }
 
 /// `TPMCRYPT_KILL_TRIALS` (`scripts/reliability` runs 100).
@@ -444,20 +470,76 @@ pub fn swtpm(dir: &Path, name: &str) -> tpmcrypt_tpmkey::Simulator {
         .unwrap_or_else(|e| panic!("cannot start swtpm (install the swtpm package): {e}"))
 }
 
-/// The TCTI of a port nobody listens on (probed: connecting is refused).
+/// A loopback TCP port held closed: bound, never listening. A connection
+/// to it is refused, and while it is held the kernel hands it to no other
+/// `bind(…:0)` on the machine. A port merely found closed, or freed by a
+/// stopped swtpm, can be the next one's (any test's, in any process): a
+/// test that then expected "connection refused" reached that TPM instead.
+pub struct ClosedPort(std::os::fd::OwnedFd);
+
+/// Holds `port` on 127.0.0.1 closed (see [`ClosedPort`]); 0 for any free
+/// port. `SO_REUSEADDR`, as a stopped swtpm's connections may still be in
+/// TIME_WAIT on its port.
+pub fn hold_closed(port: u16) -> std::io::Result<(ClosedPort, u16)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket(2) returns a new descriptor, owned from here on.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a valid descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let mut bound: libc::sockaddr_in = addr;
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: valid descriptor, option and address buffers of their sizes.
+    let ok = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+            && libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_in).cast(),
+                len,
+            ) == 0
+            && libc::getsockname(
+                fd.as_raw_fd(),
+                (&mut bound as *mut libc::sockaddr_in).cast(),
+                &mut len,
+            ) == 0
+    };
+    if !ok {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((ClosedPort(fd), u16::from_be(bound.sin_port)))
+}
+
+/// The TCTI of a port pair nobody listens on, held closed for the rest of
+/// this test process (see [`ClosedPort`]): connecting is refused.
 pub fn closed_tcti() -> String {
-    use std::net::{TcpListener, TcpStream};
     for _ in 0..20 {
-        let port = {
-            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
-        let refused = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_err();
-        if port < u16::MAX && refused(port) && refused(port + 1) {
+        let (first, port) = hold_closed(0).expect("bind a loopback port");
+        if port == u16::MAX {
+            continue;
+        }
+        if let Ok((second, _)) = hold_closed(port + 1) {
+            std::mem::forget((first, second));
             return format!("swtpm:host=127.0.0.1,port={port}");
         }
     }
-    panic!("no closed loopback port found");
+    panic!("no closed loopback port pair found");
 }
 
 /// The TPM's dictionary-attack failure counter (TPM2_PT_LOCKOUT_COUNTER),
