@@ -15,7 +15,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{assert_error_line, assert_ok, bytes, listing, recovery, run, tpmcrypt, Run};
+use common::{
+    assert_error_line, assert_ok, bytes, listing, recovery, rekey_summary, run, tpmcrypt, Run,
+};
 use serde_json::Value;
 
 const INTEGRITY: i32 = 3;
@@ -70,15 +72,6 @@ fn recovery_fp(d: &Path, recipient: &str) -> String {
 
 fn rec(fp: &str) -> (String, String) {
     ("recovery-p256".to_string(), fp.to_string())
-}
-
-/// The `-v` summary line of a rekey.
-fn rekey_summary(r: &Run) -> String {
-    r.stderr
-        .lines()
-        .find(|l| l.starts_with("tpmcrypt: rekeyed "))
-        .unwrap_or_else(|| panic!("no rekey summary in {:?}", r.stderr))
-        .to_string()
 }
 
 /// `decrypt -o - FILE` with `args` before it: the plaintext.

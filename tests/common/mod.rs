@@ -727,3 +727,12 @@ pub fn default_gcm_backend() -> &'static str {
         "ring"
     }
 }
+
+/// The `-v` summary line of a rekey.
+pub fn rekey_summary(r: &Run) -> String {
+    r.stderr
+        .lines()
+        .find(|l| l.starts_with("tpmcrypt: rekeyed "))
+        .unwrap_or_else(|| panic!("no rekey summary in {:?}", r.stderr))
+        .to_string()
+}
