@@ -487,6 +487,23 @@ fn a_tpmcrypt_full_another_user_could_have_put_there_is_not_run() {
     let r = version();
     fs::set_permissions(d, fs::Permissions::from_mode(mode)).unwrap();
     assert_ok(&r, "a sticky directory above (as /tmp)");
+    // A symlink to a file of root's in a directory of another user's
+    // (who could swap the file): the real path is what is checked. The
+    // build before checked the directories on the symlink's side.
+    let theirs = d.join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    copy_executable(&full(), &theirs.join("tpmcrypt-full"));
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    fs::remove_file(&copy).unwrap();
+    std::os::unix::fs::symlink(theirs.join("tpmcrypt-full"), &copy).unwrap();
+    let r = version();
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["its directory is owned by uid 65534", "not run"],
+        "a symlink into another user's directory",
+    );
 }
 
 /// Installed as the Debian package lays it out: bin/tpmcrypt and

@@ -2491,6 +2491,30 @@ fn a_lock_file_removed_while_waited_for_is_taken_again() {
     assert!(!ks.join("k.key.pem").exists());
 }
 
+/// swtpm takes its state directory as `dir=PATH,…`: a keystore path with
+/// a comma (`x,mode=0644,dir=/elsewhere`) had it keep the TPM's state in
+/// another directory than the one checked. Refused now, nothing made.
+#[test]
+fn a_keystore_path_with_a_comma_keeps_no_simulator_state() {
+    let dir = scratch();
+    let d = dir.path();
+    let elsewhere = d.join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    let ks = format!("{},mode=0644,dir=", elsewhere.display());
+    let r: Run = tpmcrypt(d)
+        .args(["--keystore", &ks, "--simulator", "key", "create", "k"])
+        .output()
+        .expect("spawn")
+        .into();
+    assert_ne!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("comma"), "{}", r.stderr);
+    assert!(
+        common::listing(&elsewhere).is_empty(),
+        "state written into another directory: {:?}",
+        common::listing(&elsewhere)
+    );
+}
+
 /// A run waiting for the simulator another process has says so once, and
 /// a signal ends the wait at once. The build before waited without a
 /// word, and a SIGTERM took 5 s to end it (the time a signal gives a TPM

@@ -466,8 +466,8 @@ fn untrusted(full: &Path) -> Option<String> {
 /// user's own) and not sticky, as `/tmp` is. Before, only `dir` was
 /// checked: another user who could write to a directory above
 /// `libexec/tpmcrypt/` exchanged it for one of their own between the check
-/// and the exec, and root ran their program (in 207 tries). `dir` comes
-/// from `/proc/self/exe`, resolved: no symlink on the way.
+/// and the exec, and root ran their program (in 207 tries). `dir` is
+/// canonical (see [`hand_over`]): no symlink on the way.
 fn above(dir: &Path, me: u32, my_group: u32) -> Option<String> {
     use std::os::unix::fs::MetadataExt as _;
     for d in dir.ancestors().skip(1) {
@@ -503,6 +503,11 @@ fn hand_over(argv: &[OsString]) -> ! {
         );
         std::process::exit(crate::ui::exit::OTHER);
     };
+    // Its real path, checked and run: through a symlink there, the file
+    // run could sit in a directory another user may change, which the
+    // checks of the directories on the symlink's side never saw (a hostile
+    // round swapped such a file, and root ran theirs).
+    let full = std::fs::canonicalize(&full).unwrap_or(full);
     if let Some(why) = untrusted(&full) {
         stderr_line!(
             "{} {}: {why}; not run",

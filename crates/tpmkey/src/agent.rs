@@ -55,7 +55,7 @@ pub mod session;
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -561,35 +561,6 @@ fn agent_lock(path: &Path) -> Result<fs::File> {
     }
 }
 
-/// Creates what is missing of `dir`, each directory 0700: nothing is
-/// created under a path another user could redirect. The deepest part
-/// that exists must be a directory the caller may create in (its owner
-/// the caller or root, not writable by others unless sticky, and the same
-/// above it); then each missing directory is made alone and checked (the
-/// caller's, private, not a symlink another user swapped in) before the
-/// next is made inside it.
-fn create_private_dirs(dir: &Path) -> Result<()> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let (at, missing) = trust::deepest_existing(dir);
-    if missing.is_empty() {
-        return Ok(());
-    }
-    trust::check_dir_to_create_in(at)?;
-    for d in missing.into_iter().rev() {
-        match fs::DirBuilder::new().mode(0o700).create(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err(d, e)),
-        }
-        trust::check_private_dir(d, "the agent's socket directory")?;
-    }
-    Ok(())
-}
-
 /// A zeroed heap buffer of `len` bytes, locked in memory where the process
 /// is allowed to (best effort: it is wiped after each use either way).
 fn locked_buffer(len: usize) -> Box<[u8]> {
@@ -611,7 +582,7 @@ impl Agent {
         // every peer's uid is checked. The umask is left alone: changing it
         // would race with other threads creating files.
         let dir = socket_dir(path);
-        create_private_dirs(dir)?;
+        trust::create_private_dirs(dir, "the agent's socket directory")?;
         // A directory that existed already may be another user's.
         trust::check_private_dir(dir, "the agent's socket directory")?;
         let lock = agent_lock(path)?;

@@ -124,6 +124,15 @@ impl Simulator {
     /// Starts swtpm with options.
     pub fn start_with(state_dir: &Path, opts: &SimulatorOptions) -> Result<Simulator> {
         create_private_dir(state_dir)?;
+        if let Some(log) = &opts.log_file {
+            if log.as_os_str().as_encoded_bytes().contains(&b',') {
+                return Err(Error::Simulator(format!(
+                    "the log file {} has a comma in its path, which swtpm would take for \
+                     the end of it",
+                    log.display()
+                )));
+            }
+        }
         let lock = lock_state(state_dir)?;
         let binary = opts
             .swtpm_binary
@@ -307,17 +316,21 @@ const LOCK_FILE: &str = ".lock";
 /// Modes are then changed through descriptors, never through a path that
 /// could be swapped in between.
 fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     const WHAT: &str = "the simulator's state directory";
-    if std::fs::symlink_metadata(dir).is_err() {
-        let (at, _) = crate::trust::deepest_existing(dir);
-        crate::trust::check_dir_to_create_in(at)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(STATE_DIR_MODE)
-            .create(dir)
-            .map_err(|e| Error::io(dir, e))?;
+    // swtpm takes its options as `KEY=VALUE,…`: a comma in the path
+    // would end it there, and a `dir=` after it would name another
+    // directory than the one checked here.
+    if dir.as_os_str().as_encoded_bytes().contains(&b',') {
+        return Err(Error::Simulator(format!(
+            "{WHAT} {} has a comma in its path, which swtpm would take for the end of it",
+            dir.display()
+        )));
     }
+    // Each missing directory made alone and checked before the next is
+    // made in it: made in one go, a directory on the way that another
+    // user swapped for a symlink would have root make the rest there.
+    crate::trust::create_private_dirs(dir, WHAT)?;
     crate::trust::check_private_dir(dir, WHAT)?;
     let d = std::fs::OpenOptions::new()
         .read(true)

@@ -270,6 +270,35 @@ pub fn check_private_dir(dir: &Path, what: &str) -> Result<()> {
     check_private(dir, &meta, what)
 }
 
+/// Creates what is missing of `dir`, each directory 0700: nothing is
+/// created under a path another user could redirect. The deepest part
+/// that exists must be a directory the caller may create in (its owner
+/// the caller or root, not writable by others unless sticky, and the same
+/// above it); then each missing directory is made alone and checked (the
+/// caller's, private, not a symlink another user swapped in) before the
+/// next is made inside it. `what` names them in errors.
+pub(crate) fn create_private_dirs(dir: &Path, what: &str) -> Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let (at, missing) = deepest_existing(dir);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    check_dir_to_create_in(at)?;
+    for d in missing.into_iter().rev() {
+        match std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(d, e)),
+        }
+        check_private_dir(d, what)?;
+    }
+    Ok(())
+}
+
 /// The largest key file, metadata or public key file tpmcrypt reads (real
 /// ones are a few KiB): a key file that is `/dev/zero` must not eat memory.
 pub const MAX_KEY_FILE: u64 = 1 << 20;
