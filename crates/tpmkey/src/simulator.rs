@@ -343,8 +343,14 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         d.set_permissions(std::fs::Permissions::from_mode(STATE_DIR_MODE))
             .map_err(|e| Error::io(dir, e))?;
     }
+    // The directory is the caller's under trusted ones: the path names the
+    // one just checked. Never through a symlink, never blocking on a FIFO.
     let lock = dir.join(LOCK_FILE);
-    if let Ok(file) = open_in(&d, LOCK_FILE) {
+    if let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&lock)
+    {
         if let Ok(meta) = file.metadata() {
             if meta.is_file() && meta.uid() == crate::trust::euid() && meta.mode() & 0o077 != 0 {
                 file.set_permissions(std::fs::Permissions::from_mode(STATE_FILE_MODE))
@@ -353,27 +359,6 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Opens `name` in the open directory `dir` to read, never through a
-/// symlink and never blocking (a FIFO planted there).
-fn open_in(dir: &std::fs::File, name: &str) -> std::io::Result<std::fs::File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let c = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    // SAFETY: a NUL-terminated name relative to an open directory; the
-    // descriptor returned is owned by the File made from it.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor just opened, owned by nobody else.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Prepares the child: SIGTERM swtpm if our process dies without dropping

@@ -278,6 +278,7 @@ pub fn check_private_dir(dir: &Path, what: &str) -> Result<()> {
 /// caller's, private, not a symlink another user swapped in) before the
 /// next is made inside it. `what` names them in errors.
 pub(crate) fn create_private_dirs(dir: &Path, what: &str) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -289,7 +290,7 @@ pub(crate) fn create_private_dirs(dir: &Path, what: &str) -> Result<()> {
     }
     check_dir_to_create_in(at)?;
     for d in missing.into_iter().rev() {
-        match std::os::unix::fs::DirBuilderExt::mode(&mut fs::DirBuilder::new(), 0o700).create(d) {
+        match fs::DirBuilder::new().mode(0o700).create(d) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(Error::io(d, e)),
