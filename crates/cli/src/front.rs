@@ -426,69 +426,57 @@ fn full_path() -> Option<PathBuf> {
 /// another user than root and this one, or writable by others, or by a
 /// group other than this user's own (a build made under umask 002 has
 /// the user's private group, which may write); or a directory above is
-/// ([`above`]).
+/// ([`refused`]).
 /// It runs with this user's environment and descriptors (PIN sources,
 /// the agent's socket), so it must be what root or this user put there,
 /// and what nobody else could replace.
 fn untrusted(full: &Path) -> Option<String> {
+    let Some(dir) = full.parent() else {
+        return refused(full, "it", false);
+    };
+    refused(full, "it", false)
+        .or_else(|| refused(dir, "its directory", false))
+        .or_else(|| {
+            dir.ancestors().skip(1).find_map(|d| {
+                let what = format!(
+                    "the directory {} above it",
+                    crate::ui::printable(&d.display().to_string())
+                );
+                refused(d, &what, true)
+            })
+        })
+}
+
+/// Why `path` (`what`) lets another user swap what runs, if it does:
+/// owned by another user than root and this one, or writable by others
+/// (or by a group other than this user's own), unless `sticky_ok` and it
+/// is sticky, as `/tmp` is. A directory above that of `tpmcrypt-full` is
+/// held to it with `sticky_ok`: before, only that one directory was
+/// checked, and another user who could write to a directory above
+/// `libexec/tpmcrypt/` exchanged it for one of their own between the check
+/// and the exec, so that root ran their program (in 207 tries). The path
+/// is canonical (see [`hand_over`]): no symlink on the way.
+fn refused(path: &Path, what: &str, sticky_ok: bool) -> Option<String> {
     use std::os::unix::fs::MetadataExt as _;
     // SAFETY: geteuid cannot fail.
     let me = unsafe { libc::geteuid() };
     // SAFETY: getegid cannot fail.
     let my_group = unsafe { libc::getegid() };
-    let check = |path: &Path, what: &str| -> Option<String> {
-        let m = std::fs::metadata(path).ok()?;
-        if m.uid() != 0 && m.uid() != me {
-            return Some(format!(
-                "{what} is owned by uid {}, not by you (uid {me}) or root",
-                m.uid()
-            ));
-        }
-        if m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group) {
-            return Some(format!(
-                "{what} is writable by other users (mode {:04o})",
-                m.mode() & 0o7777
-            ));
-        }
-        None
-    };
-    let Some(dir) = full.parent() else {
-        return check(full, "it");
-    };
-    check(full, "it")
-        .or_else(|| check(dir, "its directory"))
-        .or_else(|| above(dir, me, my_group))
-}
-
-/// Why a directory above `dir` (the one holding `tpmcrypt-full`) lets
-/// another user swap what runs, if one does: owned by another user than
-/// root and this one, or writable by others (or a group other than this
-/// user's own) and not sticky, as `/tmp` is. Before, only `dir` was
-/// checked: another user who could write to a directory above
-/// `libexec/tpmcrypt/` exchanged it for one of their own between the check
-/// and the exec, and root ran their program (in 207 tries). `dir` is
-/// canonical (see [`hand_over`]): no symlink on the way.
-fn above(dir: &Path, me: u32, my_group: u32) -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
-    for d in dir.ancestors().skip(1) {
-        let Ok(m) = std::fs::metadata(d) else {
-            continue;
-        };
-        let shown = crate::ui::printable(&d.display().to_string());
-        if m.uid() != 0 && m.uid() != me {
-            return Some(format!(
-                "the directory {shown} above it is owned by uid {}, not by you (uid {me}) or root",
-                m.uid()
-            ));
-        }
-        let writable = m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group);
-        if writable && m.mode() & 0o1000 == 0 {
-            return Some(format!(
-                "the directory {shown} above it is writable by other users and not sticky \
-                 (mode {:04o})",
-                m.mode() & 0o7777
-            ));
-        }
+    let m = std::fs::metadata(path).ok()?;
+    if m.uid() != 0 && m.uid() != me {
+        return Some(format!(
+            "{what} is owned by uid {}, not by you (uid {me}) or root",
+            m.uid()
+        ));
+    }
+    let writable = m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group);
+    let sticky = m.mode() & 0o1000 != 0;
+    if writable && !(sticky_ok && sticky) {
+        return Some(format!(
+            "{what} is writable by other users{} (mode {:04o})",
+            if sticky_ok { " and not sticky" } else { "" },
+            m.mode() & 0o7777
+        ));
     }
     None
 }
