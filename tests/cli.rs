@@ -3142,6 +3142,55 @@ fn kill_during_in_place_never_loses_a_file() {
 
 // ---------------------------------------------------------------- usage
 
+/// An environment variable set but empty counts as unset, as for
+/// `XDG_DATA_HOME` (a shell's `TPMCRYPT_HOME=` or a unit's `Environment=`
+/// with nothing after it): it made every command a usage error, even one
+/// given `--keystore`. An empty value given on the command line is still
+/// an error: `--keystore "$KS"` with `KS` unset must not fall back to the
+/// default keystore.
+#[test]
+fn an_empty_environment_variable_counts_as_unset() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"secret").unwrap();
+    let ks = d.join("ks");
+    let ks = ks.to_str().unwrap();
+    for var in ["TPMCRYPT_HOME", "TPMCRYPT_SIMULATOR", "TPMCRYPT_TCTI"] {
+        let res: Run = tpmcrypt(d)
+            .env(var, "")
+            .args(["--keystore", ks, "key", "list"])
+            .output()
+            .unwrap()
+            .into();
+        assert_eq!(res.code, 0, "{var}= with --keystore: {}", res.stderr);
+        let res: Run = tpmcrypt(d)
+            .env(var, "")
+            .args(["encrypt", "-R", &r, "p"])
+            .output()
+            .unwrap()
+            .into();
+        assert_eq!(res.code, 0, "{var}= encrypt: {}", res.stderr);
+        fs::remove_file(d.join("p.tpmc")).unwrap();
+    }
+    // TPMCRYPT_HOME= is the default keystore, in $XDG_DATA_HOME.
+    let res: Run = tpmcrypt(d)
+        .env("TPMCRYPT_HOME", "")
+        .env("XDG_DATA_HOME", d.join("xdg"))
+        .args(["key", "list"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(res.code, 0, "TPMCRYPT_HOME= key list: {}", res.stderr);
+    assert!(
+        res.stderr
+            .contains(&*d.join("xdg/tpmcrypt").to_string_lossy()),
+        "the default keystore: {:?}",
+        res.stderr
+    );
+    let res = run(d, &["--keystore", "", "key", "list"]);
+    assert_usage(&res, "--keystore ''");
+}
+
 #[test]
 fn usage_errors_and_help() {
     let (dir, r) = scratch();

@@ -2149,10 +2149,16 @@ fn watch_syncs_per_batch_not_per_file() {
         syncs.len(),
         syncs.join("\n")
     );
+    // A batch closes 20 ms after its oldest ciphertext: on a loaded
+    // machine, under strace, its workers fill it more slowly, so batches
+    // are smaller (CI once saw 101 for 500 files, 303 syncs) but still
+    // hold several files each, and the syncs stay fewer than the files
+    // (one file at a time made two or three each).
     assert!(
-        batches > 0 && batches <= N / 5,
+        batches > 0 && batches <= N / 2,
         "{batches} batches for {N} files"
     );
+    assert!(syncs.len() < N, "{} sync calls for {N} files", syncs.len());
 }
 
 /// Starts the daemon with the debug build's crash hook at `at` and waits

@@ -170,6 +170,23 @@ fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
     let mut cmd = Cli::command()
         .color(ui::colour::clap_choice())
         .bin_name("tpmcrypt");
+    // A variable set but empty counts as unset, as XDG_DATA_HOME does (a
+    // shell's `TPMCRYPT_HOME=`, a unit's `Environment=TPMCRYPT_HOME=`):
+    // clap took it for a value missing, and every command was a usage
+    // error, even one given --keystore. An empty value on the command
+    // line stays an error.
+    let empty: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| {
+            a.get_env()
+                .and_then(std::env::var_os)
+                .is_some_and(|v| v.is_empty())
+        })
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in empty {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&str>));
+    }
     let mut matches = cmd.try_get_matches_from_mut(argv)?;
     let tpm_from_env = matches.value_source("tpm") == Some(clap::parser::ValueSource::EnvVariable);
     Cli::from_arg_matches_mut(&mut matches)
