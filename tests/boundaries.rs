@@ -1926,6 +1926,8 @@ fn two_agents_starting_on_a_stale_socket_never_both_run() {
         &["an agent is already running", "agent.sock"],
         "the second agent",
     );
+    // Said as what it is: not "invalid input", which it was called once.
+    assert!(!r.stderr.contains("invalid input"), "{}", r.stderr);
     // The first binds once its removal is done, and is the agent there.
     let start = Instant::now();
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {

@@ -546,7 +546,7 @@ fn agent_lock(path: &Path) -> Result<fs::File> {
         let meta = file.metadata().map_err(|e| io_err(&lock_path, e))?;
         trust::check_private(&lock_path, &meta, "the agent's lock file")?;
         if !trust::try_flock(&file, libc::LOCK_EX).map_err(|e| io_err(&lock_path, e))? {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::AgentRunning(format!(
                 "an agent is already running at {} (or starting: {} is locked)",
                 path.display(),
                 lock_path.display()
@@ -588,7 +588,7 @@ impl Agent {
         let lock = agent_lock(path)?;
         if fs::symlink_metadata(path).is_ok() {
             if AgentClient::connect(path)?.is_some() {
-                return Err(Error::InvalidInput(format!(
+                return Err(Error::AgentRunning(format!(
                     "an agent is already running at {}",
                     path.display()
                 )));

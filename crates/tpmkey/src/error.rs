@@ -170,6 +170,10 @@ pub enum Error {
     #[error("{0}")]
     InvalidRecipient(String),
 
+    /// Another agent serves the socket, or is starting there.
+    #[error("{0}")]
+    AgentRunning(String),
+
     /// Invalid argument (TCTI string, PCR selection, key name, ciphertext...).
     #[error("invalid input: {0}")]
     InvalidInput(String),
