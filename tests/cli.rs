@@ -3155,31 +3155,28 @@ fn an_empty_environment_variable_counts_as_unset() {
     fs::write(d.join("p"), b"secret").unwrap();
     let ks = d.join("ks");
     let ks = ks.to_str().unwrap();
+    // `args` with `var` set to `value`.
+    let with = |var: &str, value: &Path, args: &[&str]| -> Run {
+        tpmcrypt(d)
+            .env(var, value)
+            .args(args)
+            .output()
+            .unwrap()
+            .into()
+    };
+    let empty = Path::new("");
     for var in ["TPMCRYPT_HOME", "TPMCRYPT_SIMULATOR", "TPMCRYPT_TCTI"] {
-        let res: Run = tpmcrypt(d)
-            .env(var, "")
-            .args(["--keystore", ks, "key", "list"])
-            .output()
-            .unwrap()
-            .into();
+        let res = with(var, empty, &["--keystore", ks, "key", "list"]);
         assert_eq!(res.code, 0, "{var}= with --keystore: {}", res.stderr);
-        let res: Run = tpmcrypt(d)
-            .env(var, "")
-            .args(["encrypt", "-R", &r, "p"])
-            .output()
-            .unwrap()
-            .into();
+        let res = with(var, empty, &["encrypt", "-R", &r, "p"]);
         assert_eq!(res.code, 0, "{var}= encrypt: {}", res.stderr);
         fs::remove_file(d.join("p.tpmc")).unwrap();
     }
     // TPMCRYPT_HOME= is the default keystore, in $XDG_DATA_HOME.
-    let res: Run = tpmcrypt(d)
-        .env("TPMCRYPT_HOME", "")
-        .env("XDG_DATA_HOME", d.join("xdg"))
-        .args(["key", "list"])
-        .output()
-        .unwrap()
-        .into();
+    let mut cmd = tpmcrypt(d);
+    cmd.env("TPMCRYPT_HOME", "")
+        .env("XDG_DATA_HOME", d.join("xdg"));
+    let res: Run = cmd.args(["key", "list"]).output().unwrap().into();
     assert_eq!(res.code, 0, "TPMCRYPT_HOME= key list: {}", res.stderr);
     assert!(
         res.stderr

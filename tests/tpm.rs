@@ -2501,11 +2501,7 @@ fn a_keystore_path_with_a_comma_keeps_no_simulator_state() {
     let elsewhere = d.join("elsewhere");
     fs::create_dir(&elsewhere).unwrap();
     let ks = format!("{},mode=0644,dir=", elsewhere.display());
-    let r: Run = tpmcrypt(d)
-        .args(["--keystore", &ks, "--simulator", "key", "create", "k"])
-        .output()
-        .expect("spawn")
-        .into();
+    let r = common::run(d, &["--keystore", &ks, "--simulator", "key", "create", "k"]);
     assert_ne!(r.code, 0, "{}", r.stderr);
     assert!(r.stderr.contains("comma"), "{}", r.stderr);
     assert!(

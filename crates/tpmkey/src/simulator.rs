@@ -125,13 +125,7 @@ impl Simulator {
     pub fn start_with(state_dir: &Path, opts: &SimulatorOptions) -> Result<Simulator> {
         create_private_dir(state_dir)?;
         if let Some(log) = &opts.log_file {
-            if log.as_os_str().as_encoded_bytes().contains(&b',') {
-                return Err(Error::Simulator(format!(
-                    "the log file {} has a comma in its path, which swtpm would take for \
-                     the end of it",
-                    log.display()
-                )));
-            }
+            no_comma(log, "the log file")?;
         }
         let lock = lock_state(state_dir)?;
         let binary = opts
@@ -302,6 +296,19 @@ const STATE_FILE_MODE: u32 = 0o600;
 /// swtpm's lock file, created with mode 0660 & ~umask.
 const LOCK_FILE: &str = ".lock";
 
+/// Refuses a path swtpm would cut short: it takes its options as
+/// `KEY=VALUE,…`, so a comma in the path would end it there, and a `dir=`
+/// after it would name another directory than the one checked here.
+fn no_comma(path: &Path, what: &str) -> Result<()> {
+    match path.as_os_str().as_encoded_bytes().contains(&b',') {
+        true => Err(Error::Simulator(format!(
+            "{what} {} has a comma in its path, which swtpm would take for the end of it",
+            path.display()
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// Creates the state directory 0700, or tightens an existing one (and a
 /// lock file left by an older swtpm run) so no other user can read the
 /// simulated TPM's secrets.
@@ -318,15 +325,7 @@ const LOCK_FILE: &str = ".lock";
 fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     const WHAT: &str = "the simulator's state directory";
-    // swtpm takes its options as `KEY=VALUE,…`: a comma in the path
-    // would end it there, and a `dir=` after it would name another
-    // directory than the one checked here.
-    if dir.as_os_str().as_encoded_bytes().contains(&b',') {
-        return Err(Error::Simulator(format!(
-            "{WHAT} {} has a comma in its path, which swtpm would take for the end of it",
-            dir.display()
-        )));
-    }
+    no_comma(dir, WHAT)?;
     // Each missing directory made alone and checked before the next is
     // made in it: made in one go, a directory on the way that another
     // user swapped for a symlink would have root make the rest there.
