@@ -232,6 +232,8 @@ fn unreachable_tpm_is_reported_and_the_rest_still_runs() {
             "--no-peers",
             "--chip",
             "typical",
+            // The per-file series is checked by quick_run_on_the_simulator.
+            "--no-per-file",
         ])
         .arg("--json-file")
         .arg(&json)
@@ -281,6 +283,7 @@ fn simulator_from_the_environment() {
             "1",
             "--no-matrix",
             "--no-peers",
+            "--no-per-file",
         ])
         .arg("--json")
         .arg("--json-file")
