@@ -3188,6 +3188,55 @@ fn an_empty_environment_variable_counts_as_unset() {
     assert_usage(&res, "--keystore ''");
 }
 
+/// A relative `TPMCRYPT_HOME` (a space, a `~` no shell expanded) made a
+/// keystore in each working directory: `key create` put a key under
+/// `./ /`. It is a usage error, before anything is read or made; a
+/// relative `--keystore` typed on the command line is still a path like
+/// any other.
+#[test]
+fn a_relative_tpmcrypt_home_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    fs::write(d.join("p"), b"secret").unwrap();
+    for home in [" ", "~/keys", "keys"] {
+        for args in [
+            vec!["key", "list"],
+            vec!["recovery", "create", "--out", "rk"],
+            vec!["encrypt", "-R", &r, "p"],
+        ] {
+            let before = listing(d);
+            let res: Run = tpmcrypt(d)
+                .env("TPMCRYPT_HOME", home)
+                .args(&args)
+                .output()
+                .unwrap()
+                .into();
+            assert_usage(&res, &format!("TPMCRYPT_HOME={home:?} {args:?}"));
+            assert!(
+                res.stderr.contains("TPMCRYPT_HOME is not an absolute path"),
+                "{home:?}: {}",
+                res.stderr
+            );
+            assert_eq!(listing(d), before, "{home:?} {args:?} made something");
+        }
+    }
+    let res = run(d, &["--keystore", "rel", "key", "list"]);
+    assert_eq!(res.code, 0, "a relative --keystore: {}", res.stderr);
+    // --keystore overrides the variable, which is then not used at all.
+    let ks = d.join("ks");
+    let res: Run = tpmcrypt(d)
+        .env("TPMCRYPT_HOME", "keys")
+        .args(["--keystore", ks.to_str().unwrap(), "key", "list"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(
+        res.code, 0,
+        "--keystore beside a relative TPMCRYPT_HOME: {}",
+        res.stderr
+    );
+}
+
 #[test]
 fn usage_errors_and_help() {
     let (dir, r) = scratch();

@@ -14,7 +14,8 @@ use tpmcrypt_cipher::{Encryptor, Mode, Params, StreamOptions};
 use tpmcrypt_tpmkey::KeyAlg;
 
 /// The example's executable: cargo builds examples into `examples/` beside
-/// the `deps/` directory this test runs from.
+/// the `deps/` directory this test runs from (`cargo test --all-targets`
+/// alone builds them only as tests, without this executable).
 fn example_exe() -> PathBuf {
     let me = std::env::current_exe().expect("current_exe");
     let dir = me
@@ -24,7 +25,9 @@ fn example_exe() -> PathBuf {
     let exe = dir.join("examples").join("decrypt_with_tpm_key");
     assert!(
         exe.is_file(),
-        "{} is missing: cargo test builds it (run the tests with cargo test)",
+        "{} is missing: `cargo build --all-targets` builds it, as ./scripts/test \
+         does first, and so does `cargo test` without --all-targets (with it, \
+         examples are built only as tests)",
         exe.display()
     );
     exe
