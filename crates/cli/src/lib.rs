@@ -191,23 +191,14 @@ fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
     let from_env =
         |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
     let tpm_from_env = from_env("tpm");
-    // A relative TPMCRYPT_HOME (a space, a literal `~/x` from a unit file)
-    // would give each working directory a keystore of its own, a new key
-    // made wherever the command ran; refused, where a relative HOME or
-    // XDG_DATA_HOME counts as unset. A relative --keystore is a path on the
-    // command line like any other, relative to where it is typed.
+    // TPMCRYPT_HOME comes to --keystore through clap, not through
+    // `Keystore::default_dir`, so its rule is applied here; a relative
+    // --keystore is a path on the command line like any other, relative to
+    // where it is typed.
     if from_env("keystore") {
-        if let Some(dir) = matches
-            .get_one::<std::path::PathBuf>("keystore")
-            .filter(|d| !d.is_absolute())
-        {
-            return Err(cmd.error(
-                clap::error::ErrorKind::ValueValidation,
-                format!(
-                    "TPMCRYPT_HOME is not an absolute path ({dir:?}): \
-                     set it to one, or pass --keystore"
-                ),
-            ));
+        if let Some(dir) = matches.get_one::<std::path::PathBuf>("keystore") {
+            tpmcrypt_tpmkey::keystore::check_env_home(dir)
+                .map_err(|e| cmd.error(clap::error::ErrorKind::ValueValidation, e))?;
         }
     }
     Cli::from_arg_matches_mut(&mut matches)

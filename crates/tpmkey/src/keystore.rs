@@ -111,6 +111,20 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a relative `TPMCRYPT_HOME` (a space, a literal `~/keys` from a
+/// unit file, which no shell expands): it would be a keystore relative to
+/// each working directory, a new key made wherever a command ran. (A
+/// relative HOME or XDG_DATA_HOME counts as unset; this one is named
+/// explicitly, so it is an error.)
+pub fn check_env_home(dir: &Path) -> Result<()> {
+    if dir.is_absolute() {
+        return Ok(());
+    }
+    Err(Error::Keystore(format!(
+        "{ENV_HOME} is not an absolute path ({dir:?}): set it to one, or pass --keystore"
+    )))
+}
+
 impl Keystore {
     /// The default location: `$TPMCRYPT_HOME`, else
     /// `$XDG_DATA_HOME/tpmcrypt` (if absolute), else
@@ -118,7 +132,9 @@ impl Keystore {
     pub fn default_dir() -> Result<PathBuf> {
         let non_empty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
         if let Some(d) = non_empty(ENV_HOME) {
-            return Ok(PathBuf::from(d));
+            let d = PathBuf::from(d);
+            check_env_home(&d)?;
+            return Ok(d);
         }
         if let Some(d) = crate::trust::env_dir("XDG_DATA_HOME") {
             return Ok(d.join("tpmcrypt"));

@@ -68,3 +68,25 @@ fn save_load_list_delete() {
     assert!(ks.load("work").is_err());
     assert!(ks.delete("work").is_err());
 }
+
+/// `Keystore::default_dir` took a relative `TPMCRYPT_HOME` as it was, a
+/// keystore relative to each working directory; it is refused (the CLI
+/// makes the same check where clap reads the variable).
+#[test]
+fn a_relative_tpmcrypt_home_is_refused() {
+    // The only test of this binary that touches the environment.
+    for rel in [" ", "~/keys", "keys"] {
+        std::env::set_var("TPMCRYPT_HOME", rel);
+        let err = Keystore::default_dir().expect_err(rel).to_string();
+        assert!(
+            err.contains("TPMCRYPT_HOME is not an absolute path"),
+            "{rel:?}: {err}"
+        );
+    }
+    std::env::set_var("TPMCRYPT_HOME", "/var/lib/tpmcrypt");
+    assert_eq!(
+        Keystore::default_dir().unwrap(),
+        std::path::Path::new("/var/lib/tpmcrypt")
+    );
+    std::env::remove_var("TPMCRYPT_HOME");
+}
