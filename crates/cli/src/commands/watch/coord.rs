@@ -2,17 +2,18 @@
 //! back; signals, stats, rotation, shutdown.
 
 use std::collections::HashSet;
+use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, never, select, unbounded, Receiver, Sender};
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RemoveKind, RenameMode};
 use notify::{Event, EventKind, RecursiveMode, Watcher};
 use tpmcrypt_cipher::{Mode, Params, Recipient};
@@ -47,7 +48,7 @@ struct Coordinator {
     settle: Duration,
     /// Settle timers, ready queue, retries (no I/O, no clock).
     sched: Schedule,
-    work_tx: Option<Sender<Job>>,
+    work: Option<Arc<JobQueue>>,
     journal: Arc<Mutex<Journal>>,
     journal_failed: bool,
     stats: Arc<Mutex<Stats>>,
@@ -156,7 +157,7 @@ pub fn run(args: &WatchArgs, ui: &crate::ui::Ui) -> anyhow::Result<i32> {
         ctx,
         settle: args.settle,
         sched: Schedule::new(args.settle),
-        work_tx: Some(pool.work_tx.clone()),
+        work: Some(pool.work.clone()),
         journal,
         journal_failed: false,
         stats: stats.clone(),
@@ -258,9 +259,78 @@ fn spawn_metrics(
 }
 
 /// The workers and the committer, and their channels.
+/// The jobs handed to the workers: bounded, and waited on without
+/// spinning. An idle worker sleeps on a condition variable; a channel's
+/// receiver first spins and yields the CPU several times, and on two busy
+/// CPUs each of those yields was a context switch (about four a file).
+pub(crate) struct JobQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+    cap: usize,
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+impl JobQueue {
+    fn new(cap: usize) -> JobQueue {
+        JobQueue {
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::with_capacity(cap),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            cap,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `job`, or gives it back if the queue is full or closed.
+    fn try_send(&self, job: Job) -> Result<(), Job> {
+        let mut st = self.lock();
+        if st.closed || st.jobs.len() >= self.cap {
+            return Err(job);
+        }
+        st.jobs.push_back(job);
+        drop(st);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job, waiting for one; None once the queue is closed.
+    fn recv(&self) -> Option<Job> {
+        let mut st = self.lock();
+        loop {
+            if st.closed {
+                return None;
+            }
+            if let Some(job) = st.jobs.pop_front() {
+                return Some(job);
+            }
+            st = self.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Closes the queue: the workers take no more jobs. Returns how many
+    /// were waiting (dropped).
+    fn close(&self) -> usize {
+        let mut st = self.lock();
+        st.closed = true;
+        let n = st.jobs.len();
+        st.jobs.clear();
+        drop(st);
+        self.ready.notify_all();
+        n
+    }
+}
+
 struct Pool {
-    work_tx: Sender<Job>,
-    work_rx: Receiver<Job>,
+    work: Arc<JobQueue>,
     done_rx: Receiver<(PathBuf, Outcome)>,
     handles: Vec<std::thread::JoinHandle<()>>,
 }
@@ -268,7 +338,7 @@ struct Pool {
 impl Pool {
     /// Starts the committer and `workers` workers.
     fn start(ctx: &Arc<Ctx>, workers: usize) -> anyhow::Result<Pool> {
-        let (work_tx, work_rx) = bounded::<Job>(workers * 2);
+        let work = Arc::new(JobQueue::new(workers * 2));
         let (done_tx, done_rx) = unbounded::<(PathBuf, Outcome)>();
         // Complete ciphertexts wait for the committer here; a full channel
         // holds the workers back (each pending file holds files open).
@@ -285,18 +355,17 @@ impl Pool {
         }
         for i in 0..workers {
             let ctx = ctx.clone();
-            let rx = work_rx.clone();
+            let queue = work.clone();
             let tx = done_tx.clone();
             let commit_tx = commit_tx.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("worker-{i}"))
-                    .spawn(move || work(&ctx, &rx, &tx, &commit_tx))?,
+                    .spawn(move || work_on(&ctx, &queue, &tx, &commit_tx))?,
             );
         }
         Ok(Pool {
-            work_tx,
-            work_rx,
+            work,
             done_rx,
             handles,
         })
@@ -304,13 +373,13 @@ impl Pool {
 }
 
 /// A worker thread: jobs in, outcomes (or ciphertexts to commit) out.
-fn work(
+fn work_on(
     ctx: &Ctx,
-    rx: &Receiver<Job>,
+    queue: &JobQueue,
     tx: &Sender<(PathBuf, Outcome)>,
     commit_tx: &Sender<Box<worker::Ready>>,
 ) {
-    while let Ok(job) = rx.recv() {
+    while let Some(job) = queue.recv() {
         let sent = match worker::process(ctx, &job) {
             Step::Done(outcome) => tx.send((job.rel, outcome)).is_ok(),
             Step::Commit(ready) => commit_tx.send(ready).is_ok(),
@@ -331,6 +400,9 @@ fn start_watcher(src: &Path) -> anyhow::Result<(Events, notify::RecommendedWatch
     let (ev_tx, ev_rx) = bounded::<(notify::Result<Event>, Instant)>(EVENT_QUEUE);
     let mut watcher = notify::RecommendedWatcher::new(
         move |res: notify::Result<Event>| {
+            if res.as_ref().is_ok_and(|ev| ignored(&ev.kind)) {
+                return;
+            }
             let _ = ev_tx.send((res, Instant::now()));
         },
         notify::Config::default().with_follow_symlinks(false),
@@ -340,6 +412,19 @@ fn start_watcher(src: &Path) -> anyhow::Result<(Events, notify::RecommendedWatch
         .watch(src, RecursiveMode::Recursive)
         .with_context(|| format!("watching {}", src.display()))?;
     Ok((ev_rx, watcher))
+}
+
+/// Events [`Coordinator::on_event`] does nothing with, dropped on the
+/// inotify thread so that they never wake the coordinator: notify 8 asks the
+/// kernel for every open in SRC, and each file brings at least two (its
+/// writer's and the worker's own), beside the three events the daemon uses.
+fn ignored(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Access(
+            AccessKind::Open(_) | AccessKind::Read | AccessKind::Close(AccessMode::Read)
+        )
+    )
 }
 
 /// Why the loop ended.
@@ -443,19 +528,13 @@ impl Coordinator {
     /// the threads joined, the journal synced.
     fn finish(&mut self, pool: Pool) {
         let Pool {
-            work_tx,
-            work_rx,
+            work,
             done_rx,
             handles,
         } = pool;
-        drop(work_tx);
-        let mut abandoned = 0;
-        while work_rx.try_recv().is_ok() {
-            abandoned += 1;
-        }
+        let abandoned = work.close();
         self.sched.abandoned(abandoned);
-        self.work_tx = None;
-        drop(work_rx);
+        self.work = None;
         if self.sched.in_flight() > 0 {
             info!(
                 "stopping: finishing {} file(s) in flight",
@@ -831,7 +910,7 @@ impl Coordinator {
 
     /// Hands ready entries to the workers while the work channel has room.
     fn dispatch(&mut self) {
-        let Some(tx) = &self.work_tx else { return };
+        let Some(queue) = &self.work else { return };
         let now = Instant::now();
         while let Some(rel) = self.sched.next_job(now) {
             let (prev, fresh) = {
@@ -843,9 +922,9 @@ impl Coordinator {
                 fresh,
                 rel: rel.clone(),
             };
-            match tx.try_send(job) {
+            match queue.try_send(job) {
                 Ok(()) => self.sched.sent(&rel),
-                Err(TrySendError::Full(job)) | Err(TrySendError::Disconnected(job)) => {
+                Err(job) => {
                     self.sched.not_sent(job.rel);
                     break;
                 }
@@ -1093,5 +1172,83 @@ fn attempt_of(outcome: &Outcome) -> Attempt {
         Outcome::NotSettled(d) => Attempt::NotSettled(*d),
         Outcome::Changed => Attempt::Changed,
         Outcome::Failed(_) => Attempt::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> Job {
+        Job {
+            rel: PathBuf::from(name),
+            prev: None,
+            fresh: false,
+        }
+    }
+
+    #[test]
+    fn only_events_the_loop_ignores_are_dropped() {
+        use notify::event::{DataChange, MetadataKind};
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Open(AccessMode::Read)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ] {
+            assert!(ignored(&kind), "{kind:?}");
+        }
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Create(CreateKind::Folder),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Remove(RemoveKind::Folder),
+            // A rescan request comes as Other with a flag.
+            EventKind::Other,
+            EventKind::Any,
+        ] {
+            assert!(!ignored(&kind), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_job_queue_is_bounded_ordered_and_closes() {
+        let q = Arc::new(JobQueue::new(2));
+        assert!(q.try_send(job("a")).is_ok());
+        assert!(q.try_send(job("b")).is_ok());
+        let back = q
+            .try_send(job("c"))
+            .expect_err("a full queue gives the job back");
+        assert_eq!(back.rel, Path::new("c"));
+        assert_eq!(q.recv().map(|j| j.rel), Some(PathBuf::from("a")));
+        assert!(q.try_send(job("c")).is_ok());
+        assert_eq!(q.close(), 2, "b and c were waiting");
+        assert!(q.recv().is_none());
+        assert!(q.try_send(job("d")).is_err(), "closed");
+
+        // A worker waiting on an empty queue takes a job sent later, and
+        // one still waiting when the queue closes ends.
+        let q = Arc::new(JobQueue::new(2));
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let q = q.clone();
+                std::thread::spawn(move || q.recv().map(|j| j.rel))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(q.try_send(job("x")).is_ok());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while q.lock().jobs.len() == 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(q.close(), 0, "the job was taken");
+        let mut got: Vec<_> = waiting.into_iter().map(|t| t.join().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, vec![None, Some(PathBuf::from("x"))]);
     }
 }

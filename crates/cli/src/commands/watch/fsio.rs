@@ -51,8 +51,17 @@ impl From<io::Error> for OpenError {
 /// one component at a time with O_NOFOLLOW, so that no symlink anywhere on
 /// the path is followed and nothing outside SRC is read. Non-regular files
 /// are refused before they are opened (opening a device can have side
-/// effects). Returns the parent directory and the file.
-pub fn open_beneath(root: &File, rel: &Path) -> Result<(OwnedFd, File), OpenError> {
+/// effects). Returns the file and, when `want_parent`, its directory open.
+///
+/// A file directly in SRC is looked up through `root` itself: its own
+/// descriptor for the parent (`openat(root, ".")`) is opened only when
+/// asked for, since each such open is one more inotify event in SRC (a
+/// duplicate of `root` would not do: it would share `root`'s `flock`s).
+pub fn open_beneath(
+    root: &File,
+    rel: &Path,
+    want_parent: bool,
+) -> Result<(Option<OwnedFd>, File), OpenError> {
     let mut names = Vec::new();
     for c in rel.components() {
         match c {
@@ -69,29 +78,33 @@ pub fn open_beneath(root: &File, rel: &Path) -> Result<(OwnedFd, File), OpenErro
     let Some((last, dirs)) = names.split_last() else {
         return Err(OpenError::NotRegular(Kind::Dir));
     };
-    let mut dir = openat(root, OsStr::new("."), libc::O_RDONLY | libc::O_DIRECTORY)?;
+    // The directory reached so far; None while it is `root`.
+    let mut dir: Option<OwnedFd> = None;
     for d in dirs {
-        dir = match openat(
-            &dir,
+        let at = dir.as_ref().map_or(root.as_raw_fd(), AsRawFd::as_raw_fd);
+        let next = openat(
+            &at,
             d,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        ) {
+        );
+        dir = Some(match next {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-                let kind = lstat_at(&dir, d).map(|k| k.0).unwrap_or(Kind::Symlink);
+                let kind = lstat_at(&at, d).map(|k| k.0).unwrap_or(Kind::Symlink);
                 return Err(OpenError::NotRegular(kind));
             }
             Err(e) => return Err(e.into()),
-        };
+        });
     }
-    let (kind, _, _) = lstat_at(&dir, last)?;
+    let at = dir.as_ref().map_or(root.as_raw_fd(), AsRawFd::as_raw_fd);
+    let (kind, _, _) = lstat_at(&at, last)?;
     if kind != Kind::File {
         return Err(OpenError::NotRegular(kind));
     }
     // O_NONBLOCK: should the entry be swapped for a FIFO meanwhile, the
     // open does not hang (and fstat then refuses it).
     let fd = openat(
-        &dir,
+        &at,
         last,
         libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
     )?;
@@ -100,7 +113,16 @@ pub fn open_beneath(root: &File, rel: &Path) -> Result<(OwnedFd, File), OpenErro
     if kind != Kind::File {
         return Err(OpenError::NotRegular(kind));
     }
-    Ok((dir, file))
+    let parent = match dir {
+        Some(fd) => want_parent.then_some(fd),
+        None if want_parent => Some(openat(
+            root,
+            OsStr::new("."),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )?),
+        None => None,
+    };
+    Ok((parent, file))
 }
 
 /// Whether anybody has a file open for writing.
@@ -215,21 +237,47 @@ mod tests {
         std::os::unix::fs::symlink("sub/f", d.join("link")).unwrap();
         std::os::unix::fs::symlink("sub", d.join("sublink")).unwrap();
         let root = File::open(d).unwrap();
-        assert!(open_beneath(&root, Path::new("sub/f")).is_ok());
+        assert!(open_beneath(&root, Path::new("sub/f"), true).is_ok());
         for p in ["etc/passwd", "link", "sublink/f"] {
-            match open_beneath(&root, Path::new(p)) {
+            match open_beneath(&root, Path::new(p), false) {
                 Err(OpenError::NotRegular(Kind::Symlink)) => {}
                 other => panic!("{p}: {other:?}"),
             }
         }
         assert!(matches!(
-            open_beneath(&root, Path::new("../x")),
+            open_beneath(&root, Path::new("../x"), true),
             Err(OpenError::Io(_))
         ));
         assert!(matches!(
-            open_beneath(&root, Path::new("sub")),
+            open_beneath(&root, Path::new("sub"), false),
             Err(OpenError::NotRegular(Kind::Dir))
         ));
+    }
+
+    #[test]
+    fn the_parent_is_opened_only_when_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("top"), b"t").unwrap();
+        fs::write(d.join("sub/f"), b"f").unwrap();
+        let root = File::open(d).unwrap();
+        let id = |fd: &OwnedFd| {
+            let m = File::from(fd.try_clone().unwrap()).metadata().unwrap();
+            (m.dev(), m.ino())
+        };
+        let of = |p: &Path| {
+            let m = fs::metadata(p).unwrap();
+            (m.dev(), m.ino())
+        };
+        for (rel, parent) in [("top", d.to_path_buf()), ("sub/f", d.join("sub"))] {
+            let (none, file) = open_beneath(&root, Path::new(rel), false).unwrap();
+            assert!(none.is_none(), "{rel}");
+            let m = file.metadata().unwrap();
+            assert_eq!((m.dev(), m.ino()), of(&d.join(rel)), "{rel}");
+            let (some, _) = open_beneath(&root, Path::new(rel), true).unwrap();
+            assert_eq!(id(&some.expect("asked for")), of(&parent), "{rel}");
+        }
     }
 
     #[test]

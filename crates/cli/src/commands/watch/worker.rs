@@ -312,7 +312,8 @@ pub fn process(ctx: &Ctx, job: &Job) -> Step {
 
 fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
     pause_before_open(&job.rel);
-    let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel) {
+    // The source's directory is needed only to remove the source.
+    let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel, ctx.delete) {
         Ok(x) => x,
         Err(OpenError::NotRegular(k)) => return Ok(Step::Done(Outcome::NotRegular(k))),
         Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => {
@@ -362,6 +363,8 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
             }
             return Err(e.context(format!("verifying {}", show(&dest))));
         }
+        // Asked for under --delete-plaintext, so always there.
+        let dir = dir.context("the source's directory is not open")?;
         source = Some(Source { dir, file, st0 });
     }
     Ok(Step::Commit(Box::new(Ready {
