@@ -167,6 +167,9 @@ pub(crate) struct Chunker<R: Read> {
     carry: Option<u8>,
     index: u64,
     done: bool,
+    /// How much of a buffer's room the first read of a chunk may use
+    /// before it is known to need more (at most [`FIRST_FILL`]).
+    first_fill: usize,
 }
 
 pub(crate) struct Chunk {
@@ -182,6 +185,19 @@ impl<R: Read> Chunker<R> {
             carry: None,
             index: 0,
             done: false,
+            first_fill: FIRST_FILL,
+        }
+    }
+
+    /// A chunker for an input expected to hold `len` bytes (a regular
+    /// file's region): a smaller input zeroes only its own length and one
+    /// byte, not [`FIRST_FILL`]. An input longer than expected is still
+    /// read whole (the room then grows as usual).
+    pub(crate) fn with_len_hint(input: R, len: u64) -> Self {
+        let fill = usize::try_from(len.saturating_add(1)).unwrap_or(FIRST_FILL);
+        Chunker {
+            first_fill: fill.min(FIRST_FILL),
+            ..Chunker::new(input)
         }
     }
 
@@ -204,7 +220,7 @@ impl<R: Read> Chunker<R> {
         let end = reserve + want;
         // A reused buffer keeps its length: only bytes never used before
         // are zeroed.
-        let mut target = end.min(reserve + FIRST_FILL);
+        let mut target = end.min(reserve + self.first_fill);
         if buf.len() < target {
             buf.resize(target, 0);
         }
@@ -284,7 +300,8 @@ pub fn run<R: Read, W: Write + Send>(
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
     if opts.workers <= 1 {
-        run_sequential(direction, backend, keys, input, output, opts)
+        let chunker = Chunker::new(input);
+        run_sequential(direction, backend, keys, chunker, output, opts)
     } else {
         let job = Job {
             direction,
@@ -331,14 +348,13 @@ fn run_sequential<R: Read, W: Write>(
     direction: Direction,
     backend: &Arc<dyn Backend>,
     keys: &FileKeys,
-    input: &mut R,
+    mut chunker: Chunker<R>,
     output: &mut W,
     opts: &StreamOptions<'_>,
 ) -> Result<u64> {
     let layout = keys.layout();
     let mut crypter = keys.crypter(backend)?;
     let reserve = input_reserve(direction, &layout);
-    let mut chunker = Chunker::new(input);
     let mut buf = Vec::new();
     let mut total = 0u64;
     let t = opts.timings;
@@ -714,8 +730,8 @@ pub fn run_file<W: Write + Send>(
     if opts.workers <= 1 {
         let mut reader = file;
         reader.seek(SeekFrom::Start(start))?;
-        let mut limited = Read::take(reader, len);
-        return run(direction, backend, keys, &mut limited, output, opts);
+        let chunker = Chunker::with_len_hint(Read::take(reader, len), len);
+        return run_sequential(direction, backend, keys, chunker, output, opts);
     }
     let layout = keys.layout();
     let first = want(direction, &layout, 0) as u64;
@@ -1155,6 +1171,28 @@ mod tests {
         );
     }
 
+    /// With the input's length known, a small input zeroes its own length
+    /// and one byte (the look-ahead), not [`FIRST_FILL`].
+    #[test]
+    fn a_length_hint_zeroes_only_the_input() {
+        for len in [0usize, 1, 4096, 40_000] {
+            let data = vec![9u8; len];
+            let mut input = &data[..];
+            let mut chunker = Chunker::with_len_hint(&mut input, len as u64);
+            let chunk = chunker
+                .next(Vec::new(), AES_BLOCK, 1 << 20)
+                .unwrap()
+                .expect("one chunk");
+            assert!(chunk.last, "len {len}");
+            assert_eq!(chunk.buf.len(), AES_BLOCK + len);
+            assert!(
+                chunk.buf.capacity() <= AES_BLOCK + len + 1 + 64,
+                "len {len}: room for {} bytes",
+                chunk.buf.capacity()
+            );
+        }
+    }
+
     /// Inputs around the growth steps and the segment size come out whole,
     /// in segments of the requested size, with the right last flag.
     #[test]
@@ -1172,10 +1210,19 @@ mod tests {
             seg + 1,
             2 * seg + FIRST_FILL,
         ] {
-            for reserve in [0, AES_BLOCK] {
+            // No hint, the right one, and hints a file that changed size
+            // would give (shorter and longer than the input).
+            let hints = [None, Some(len), Some(len / 2), Some(len + 5000)];
+            for (reserve, hint) in [0, AES_BLOCK]
+                .into_iter()
+                .flat_map(|r| hints.map(|h| (r, h)))
+            {
                 let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
                 let mut input = &data[..];
-                let mut chunker = Chunker::new(&mut input);
+                let mut chunker = match hint {
+                    None => Chunker::new(&mut input),
+                    Some(h) => Chunker::with_len_hint(&mut input, h as u64),
+                };
                 let mut got = Vec::new();
                 let mut buf = Vec::new();
                 let mut lasts = Vec::new();
@@ -1189,7 +1236,7 @@ mod tests {
                     lasts.push(chunk.last);
                     buf = chunk.buf;
                 }
-                assert_eq!(got, data, "len {len} reserve {reserve}");
+                assert_eq!(got, data, "len {len} reserve {reserve} hint {hint:?}");
                 assert_eq!(lasts.iter().filter(|&&l| l).count(), 1);
                 assert!(lasts.last().copied().unwrap_or(false));
             }
