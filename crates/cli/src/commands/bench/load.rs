@@ -308,13 +308,15 @@ fn file_number(name: &std::ffi::OsStr) -> Option<u64> {
 }
 
 /// The observer of DEST: a thread that sends (file number, when) for each
-/// ciphertext renamed into place, until dropped.
+/// ciphertext given its name (renamed into place, or linked: a new one is
+/// written with no name), until dropped.
 ///
-/// It asks the kernel for `IN_MOVED_TO` alone. The daemon creates, writes,
-/// renames and syncs in DEST several times a file, and an observer
-/// subscribed to every event (as a general watcher is) costs the daemon an
-/// event queued per step and the machine a thread woken per event, a load
-/// the daemon never has outside the benchmark.
+/// It asks the kernel for `IN_MOVED_TO` and `IN_CREATE` alone (a
+/// temporary's name is not a ciphertext's, and is passed over). The daemon
+/// creates, writes, names and syncs in DEST several times a file, and an
+/// observer subscribed to every event (as a general watcher is) costs the
+/// daemon an event queued per step and the machine a thread woken per
+/// event, a load the daemon never has outside the benchmark.
 struct DestObserver {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -337,7 +339,10 @@ fn watch_dest(dest: &Path) -> anyhow::Result<(DestObserver, mpsc::Receiver<(u64,
     let (tx, rx) = mpsc::channel::<(u64, Instant)>();
     let mut ino = Inotify::init().context("starting inotify")?;
     ino.watches()
-        .add(dest, WatchMask::MOVED_TO | WatchMask::ONLYDIR)
+        .add(
+            dest,
+            WatchMask::MOVED_TO | WatchMask::CREATE | WatchMask::ONLYDIR,
+        )
         .with_context(|| format!("watching {}", dest.display()))?;
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
@@ -685,12 +690,14 @@ mod tests {
     }
 
     #[test]
-    fn the_observer_reports_ciphertexts_renamed_into_dest() {
+    fn the_observer_reports_ciphertexts_given_their_names_in_dest() {
         let dir = tempfile::tempdir().unwrap();
         let dest = dir.path();
         let (observer, rx) = watch_dest(dest).unwrap();
-        // Written in place, then renamed, as the daemon does; and names
-        // that are not a ciphertext of the generator's.
+        // Written under a temporary name, then renamed, as the daemon
+        // replaces a ciphertext; names that are not a ciphertext of the
+        // generator's; and one made under its name (as a link of a file
+        // with no name appears).
         for (tmp, name) in [
             (".t1", "f00000007.tpmc"),
             (".t2", "other.tpmc"),
@@ -699,15 +706,16 @@ mod tests {
             fs::write(dest.join(tmp), b"x").unwrap();
             fs::rename(dest.join(tmp), dest.join(name)).unwrap();
         }
-        fs::write(dest.join("f00000011.tpmc"), b"created, not renamed").unwrap();
+        fs::write(dest.join("f00000011.tpmc"), b"made under its name").unwrap();
+        fs::write(dest.join(".f00000013.tpmc.tmp"), b"a temporary").unwrap();
         let mut got = Vec::new();
         while let Ok((i, _)) = rx.recv_timeout(Duration::from_secs(5)) {
             got.push(i);
-            if got.len() == 2 {
+            if got.len() == 3 {
                 break;
             }
         }
-        assert_eq!(got, [7, 9]);
+        assert_eq!(got, [7, 9, 11]);
         assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
         let t = Instant::now();
         drop(observer);

@@ -433,8 +433,18 @@ fn encrypt_to_temporary(
 ) -> anyhow::Result<Result<Temporary, Outcome>> {
     let (version, dest, replace) = ctx.target(job, st0, file, session);
     let replaces = if replace { job.prev } else { None };
-    let mut out = AtomicFile::create(&dest, (st0.mode & 0o777) | 0o600, replace)
-        .with_context(|| format!("creating a temporary for {}", show(&dest)))?;
+    let mode = (st0.mode & 0o777) | 0o600;
+    // A new ciphertext is written with no name (`O_TMPFILE`, where DEST's
+    // file system takes it) and linked at commit: DEST gains one entry,
+    // where a temporary costs two and a rename. `target` found the name
+    // free a moment ago; should it be taken since, the link refuses.
+    // Replacing needs a rename, so a temporary.
+    let out = if replace {
+        AtomicFile::create(&dest, mode, true)
+    } else {
+        AtomicFile::create_unnamed(&dest, mode, true, true)
+    };
+    let mut out = out.with_context(|| format!("creating a temporary for {}", show(&dest)))?;
     let result = {
         let w = BufWriter::with_capacity(64 << 10, out.file());
         session
