@@ -2247,6 +2247,61 @@ fn a_kill_between_a_replacements_record_and_its_rename_adds_no_version() {
     }
 }
 
+/// Each --stats-json snapshot is one write, not one per JSON token (it was
+/// about 150 writes of a byte or a word, every interval).
+#[test]
+fn a_stats_snapshot_is_one_write() {
+    let s = Scratch::new();
+    let trace = s.path().join("strace.log");
+    let child = s.start_env(
+        0,
+        &[],
+        true,
+        &[
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-s",
+            "8192",
+            "-o",
+            trace.to_str().expect("utf8"),
+            "-e",
+            "trace=write",
+        ],
+        None,
+        &[],
+    );
+    // Several intervals of 200 ms.
+    std::thread::sleep(Duration::from_millis(1200));
+    for pid in common::child_pids_of(child.id()) {
+        // SAFETY: signalling a process this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+        }
+    }
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let text = fs::read_to_string(&trace).expect("strace log");
+    let writes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("write(") && l.contains(".stats.json"))
+        .collect();
+    assert!(writes.len() >= 2, "no snapshot written:\n{text}");
+    let short: Vec<&&str> = writes.iter().filter(|l| !l.contains("\\n}\\n\"")).collect();
+    assert!(
+        short.is_empty(),
+        "{} of {} writes to the snapshot's temporary are not a whole snapshot:\n{}",
+        short.len(),
+        writes.len(),
+        short
+            .iter()
+            .take(5)
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// Deterministic kills inside a group commit (a hook of debug builds:
 /// TPMCRYPT_WATCH_TEST_CRASH_AT, see commands/watch/commit.rs): after the
 /// batch's data is durable but before any rename, and after the renames

@@ -336,9 +336,12 @@ pub fn write_json(path: &Path, snap: &Snapshot) -> anyhow::Result<()> {
     if let Some(why) = crate::statsfile::replace_refusal(path, watch_figures) {
         anyhow::bail!("{why} (it changed since the daemon started)");
     }
+    // One write: serde_json writes each token by itself (about 150 one-byte
+    // writes a snapshot, straight to the file).
+    let mut text = serde_json::to_vec_pretty(snap)?;
+    text.push(b'\n');
     let mut f = AtomicFile::create(path, 0o644, true)?;
-    serde_json::to_writer_pretty(f.file(), snap)?;
-    f.file().write_all(b"\n")?;
+    f.file().write_all(&text)?;
     f.commit()?;
     Ok(())
 }
