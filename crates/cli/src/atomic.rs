@@ -804,6 +804,11 @@ fn open_unnamed(dir: &Path, durable: bool) -> io::Result<Option<(File, Arc<Outpu
         return Ok(None);
     }
     let mut out_dir = OutputDir::cached(dir, false)?;
+    // A file system whose `syncfs` is not durable (ext4 without a journal)
+    // is known before any file is made there: none is made to be dropped.
+    if durable && !out_dir.syncfs_durable {
+        return Ok(None);
+    }
     let mut made = out_dir.tmpfile();
     if made
         .as_ref()
