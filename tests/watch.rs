@@ -2343,3 +2343,187 @@ fn kill_inside_a_group_commit_loses_nothing() {
         }
     }
 }
+
+/// Under --delete-plaintext a source is removed only from where it is
+/// beneath SRC: a directory moved out of SRC while one of its files was
+/// in flight keeps that file (its ciphertext is made all the same). The
+/// removal used to go through the directory opened at pickup, which
+/// follows the directory wherever it goes, so a file outside SRC was
+/// removed. A directory not moved loses its verified source as before.
+#[test]
+fn a_directory_moved_out_while_in_flight_keeps_its_file() {
+    let s = Scratch::new();
+    let out = s.path().join("out");
+    fs::create_dir(&out).expect("mkdir out");
+    for d in ["moved", "stays"] {
+        fs::create_dir(s.src().join(d)).expect("mkdir");
+    }
+    // Each doc.txt's job is held 2.5 s once its ciphertext is complete
+    // and verified, before the commit and the removal.
+    let child = s.start_env(
+        0,
+        &["--delete-plaintext"],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_PAUSE", "doc.txt:2500:ready")],
+    );
+    write_file(&s.src().join("moved/doc.txt"), b"moved out in flight");
+    write_file(&s.src().join("stays/doc.txt"), b"stays in SRC");
+    std::thread::sleep(Duration::from_millis(1000));
+    fs::rename(s.src().join("moved"), out.join("moved")).expect("mv moved out");
+    let ct = s.dest().join("moved/doc.txt.tpmc");
+    wait_for("both commits", Duration::from_secs(30), || {
+        ct.exists() && !s.src().join("stays/doc.txt").exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(
+        fs::read(out.join("moved/doc.txt")).ok().as_deref(),
+        Some(&b"moved out in flight"[..]),
+        "a file moved out of SRC was removed: {}",
+        s.log(0)
+    );
+    assert_eq!(s.decrypt_one(&ct), b"moved out in flight");
+    assert_eq!(
+        s.decrypt_one(&s.dest().join("stays/doc.txt.tpmc")),
+        b"stays in SRC"
+    );
+    assert!(
+        s.log(0)
+            .contains("moved/doc.txt: kept: its directory was moved"),
+        "{}",
+        s.log(0)
+    );
+}
+
+/// A directory renamed inside SRC while one of its files is in flight
+/// (--delete-plaintext): the job under the old path keeps the file, which
+/// the job under the new path encrypts and removes; neither job takes
+/// the other's file for one that changed. (The old path's job used to
+/// remove the file through the renamed directory, and the new path's job
+/// then found its file gone after its commit.)
+#[test]
+fn a_directory_renamed_in_src_while_in_flight_is_removed_by_its_new_path() {
+    let s = Scratch::new();
+    fs::create_dir(s.src().join("sub2")).expect("mkdir");
+    let child = s.start_env(
+        0,
+        &["--delete-plaintext"],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_PAUSE", "big.bin:2500:ready")],
+    );
+    let data = bytes(300_000, 7);
+    write_file(&s.src().join("sub2/big.bin"), &data);
+    std::thread::sleep(Duration::from_millis(1000));
+    fs::rename(s.src().join("sub2"), s.src().join("sub2renamed")).expect("mv");
+    let moved = s.src().join("sub2renamed/big.bin");
+    wait_for("the renamed file to go", Duration::from_secs(30), || {
+        !moved.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    let log = s.log(0);
+    assert!(
+        !log.contains("changed while being encrypted"),
+        "a job took a removal by another for a change: {log}"
+    );
+    assert!(log.contains("sub2/big.bin: kept"), "{log}");
+    for ct in ["sub2/big.bin.tpmc", "sub2renamed/big.bin.tpmc"] {
+        assert_eq!(s.decrypt_one(&s.dest().join(ct)), data, "{ct}");
+    }
+    assert_eq!(s.stats()["deleted"], 1);
+}
+
+/// A ciphertext is replaced (its source edited) only if its name still
+/// holds it at the commit: a file put at that name while the new version
+/// was encrypted (the old ciphertext moved aside first) is left alone,
+/// and the new version takes the next free name. (The commit's rename
+/// used to overwrite whatever held the name.)
+#[test]
+fn a_replacement_never_overwrites_a_file_put_at_its_name_meanwhile() {
+    let s = Scratch::new();
+    let child = s.start_env(
+        0,
+        &[],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:2000:ready")],
+    );
+    let a = s.src().join("a");
+    let ct = s.dest().join("a.tpmc");
+    write_file(&a, b"a, first");
+    wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
+    wait_for("the first job's end", Duration::from_secs(30), || {
+        s.stats()["files"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(&a, b"a, edited").expect("edit a");
+    // The edit's job is held, complete; meanwhile the old ciphertext is
+    // moved aside and another file takes its name.
+    std::thread::sleep(Duration::from_millis(1000));
+    let aside = s.dest().join("kept-aside.tpmc");
+    fs::rename(&ct, &aside).expect("mv a.tpmc aside");
+    fs::write(&ct, b"not tpmcrypt's").expect("a foreign a.tpmc");
+    let a2 = s.dest().join(version_name("a", 2));
+    wait_for("a.v2.tpmc", Duration::from_secs(30), || a2.exists());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(
+        fs::read(&ct).expect("a.tpmc"),
+        b"not tpmcrypt's",
+        "the file put at a.tpmc was overwritten: {}",
+        s.log(0)
+    );
+    assert_eq!(s.decrypt_one(&aside), b"a, first");
+    assert_eq!(s.decrypt_one(&a2), b"a, edited");
+}
+
+/// A replacement is an exchange with the ciphertext it replaces: a kill
+/// just before it leaves the old ciphertext under the name, a kill just
+/// after it the new one, with the old one under a temporary name; either
+/// way the next run ends with the edit's ciphertext under the name, no
+/// version added and no temporary left.
+#[test]
+fn a_kill_at_a_replacements_exchange_leaves_one_ciphertext() {
+    for at in ["checked", "exchanged"] {
+        let s = Scratch::new();
+        let src = s.src().join("a");
+        let ct = s.dest().join("a.tpmc");
+        write_file(&src, b"first");
+        let child = s.start(0, &[], true);
+        wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
+        assert_eq!(stop(child), 0, "{}", s.log(0));
+        write_file(&src, b"first, then edited");
+        let child = s.start_env(
+            1,
+            &[],
+            false,
+            &[],
+            None,
+            &[("TPMCRYPT_REKEY_TEST_CRASH_AT", at)],
+        );
+        self_killed(&s, child, 1, at);
+        let expect: &[u8] = if at == "checked" {
+            b"first"
+        } else {
+            b"first, then edited"
+        };
+        assert_eq!(s.decrypt_one(&ct), expect, "{at}");
+        let child = s.start(2, &[], true);
+        wait_for("a.tpmc to follow the edit", Duration::from_secs(30), || {
+            s.decrypt_one(&ct) == b"first, then edited"
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(stop(child), 0, "{}", s.log(2));
+        let state = s.dest().join(".tpmcrypt-watch");
+        let left: Vec<_> = walk(&s.dest())
+            .into_iter()
+            .filter(|p| !p.starts_with(&state))
+            .collect();
+        assert_eq!(left, vec![ct.clone()], "{at}: {}", s.log(1));
+    }
+}

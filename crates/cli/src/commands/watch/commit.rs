@@ -23,8 +23,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tracing::{debug, warn};
 
 use super::show;
-use super::worker::{self, Ctx, Item, Outcome, Ready};
+use super::worker::{self, Ctx, Item, Outcome, Ready, Removal};
 use crate::batch::{self, Batch, CommitError, Limits, Pending};
+use crate::replace::ChangedMeanwhile;
 
 /// How long the oldest ciphertext of a batch may wait for others, from
 /// when its worker handed it over: short, since it adds to every file's
@@ -131,7 +132,7 @@ pub fn run(
 
 /// Adds a ciphertext to the batch being filled; true when it is due.
 fn add(filling: &mut Filling<Item>, ready: Ready) -> bool {
-    let Ready { item, out } = ready;
+    let Ready { item, out, old } = ready;
     let bytes = item.rec.ct_len;
     let ready_at = item.ready_at;
     filling.push(
@@ -139,7 +140,7 @@ fn add(filling: &mut Filling<Item>, ready: Ready) -> bool {
             tag: item,
             out,
             bytes,
-            original: None,
+            original: old,
         },
         ready_at,
     )
@@ -195,8 +196,23 @@ fn commit(
         let outcome = match r {
             Ok(()) => finish(ctx, item, done_at, &mut removed_from),
             Err(_) if went.contains(&item.rel) => Outcome::Changed,
+            Err(CommitError::Original(e)) if e.is::<ChangedMeanwhile>() => {
+                // The ciphertext it was to replace is no longer at its
+                // name (moved, replaced): whatever is there is left alone,
+                // and the source is done again, under a free name.
+                ctx.record(&item.rel, None);
+                warn!(
+                    "{}: the ciphertext it was to replace was moved or replaced meanwhile; \
+                     left as it is, and encrypted again under a free name",
+                    show(&ctx.version_path(&item.rel, item.rec.version))
+                );
+                Outcome::Changed
+            }
             Err(e) => {
-                if matches!(e, CommitError::Rename(_) | CommitError::Directory(..)) {
+                if matches!(
+                    e,
+                    CommitError::Rename(_) | CommitError::Directory(..) | CommitError::Original(_)
+                ) {
                     // Perhaps the name was taken meanwhile: whatever is
                     // there is not this source's.
                     ctx.record(&item.rel, None);
@@ -257,12 +273,18 @@ fn finish(ctx: &Ctx, item: Item, done_at: Instant, removed_from: &mut Vec<OwnedF
         let Some(name) = rel.file_name() else {
             return Outcome::Failed(anyhow::anyhow!("no file name"));
         };
-        match worker::remove_source(&src.dir, &rel, name, &src.file, &src.st0) {
-            Ok(true) => {
+        match worker::remove_source(&ctx.src_root, &src.dir, &rel, name, &src.file, &src.st0) {
+            Ok(Removal::Removed) => {
                 deleted = true;
                 removed_from.push(src.dir);
             }
-            Ok(false) => return Outcome::Changed,
+            Ok(Removal::Changed) => return Outcome::Changed,
+            Ok(Removal::Moved) => warn!(
+                "{}: kept: its directory was moved or renamed while it was encrypted (a \
+                 source is removed only from where it is beneath SRC; under a new path in \
+                 SRC it is a job of its own)",
+                show(&rel)
+            ),
             Err(e) => {
                 return Outcome::Failed(
                     anyhow::Error::from(e).context("removing the verified source"),

@@ -214,6 +214,47 @@ pub fn open_dir_beneath(root: &File, rel: &Path) -> io::Result<OwnedFd> {
     Ok(dir)
 }
 
+/// The device and inode of an open file or directory.
+fn id_of(fd: &impl AsRawFd) -> io::Result<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat on a valid descriptor into a buffer of its type.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: initialised by the successful fstat.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Whether the open directory `dir` is still the directory `rel` beneath
+/// `root`, looked up now one component at a time with no symlink
+/// followed (`rel` empty: `root` itself). A directory opened earlier
+/// follows the directory wherever it is moved, in SRC or out of it.
+pub fn is_still_beneath(root: &File, rel: &Path, dir: &impl AsRawFd) -> bool {
+    let mut at: Option<OwnedFd> = None;
+    for c in rel.components() {
+        let name = match c {
+            Component::Normal(n) => n,
+            Component::CurDir => continue,
+            _ => return false,
+        };
+        let from = at.as_ref().map_or(root.as_raw_fd(), AsRawFd::as_raw_fd);
+        match openat(
+            &from,
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        ) {
+            Ok(fd) => at = Some(fd),
+            Err(_) => return false,
+        }
+    }
+    let now = match &at {
+        Some(fd) => id_of(fd),
+        None => id_of(root),
+    };
+    matches!((now, id_of(dir)), (Ok(a), Ok(b)) if a == b)
+}
+
 /// Ignores SIGIO (a lease break would otherwise kill the process).
 pub fn ignore_sigio() {
     // SAFETY: setting a signal disposition to SIG_IGN.
@@ -226,6 +267,31 @@ pub fn ignore_sigio() {
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn a_directory_is_beneath_only_where_it_is_now() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        fs::create_dir_all(d.join("src/a/b")).unwrap();
+        fs::create_dir(d.join("out")).unwrap();
+        let root = File::open(d.join("src")).unwrap();
+        let b = File::open(d.join("src/a/b")).unwrap();
+        assert!(is_still_beneath(&root, Path::new("a/b"), &b));
+        assert!(!is_still_beneath(&root, Path::new("a"), &b));
+        // SRC itself, for a file at the top.
+        assert!(is_still_beneath(&root, Path::new(""), &root));
+        // Renamed inside SRC: not at its old path, at its new one.
+        fs::rename(d.join("src/a"), d.join("src/c")).unwrap();
+        assert!(!is_still_beneath(&root, Path::new("a/b"), &b));
+        assert!(is_still_beneath(&root, Path::new("c/b"), &b));
+        // A symlink at the old path to where it is now is not followed.
+        std::os::unix::fs::symlink("c", d.join("src/a")).unwrap();
+        assert!(!is_still_beneath(&root, Path::new("a/b"), &b));
+        // Moved out of SRC.
+        fs::rename(d.join("src/c"), d.join("out/c")).unwrap();
+        assert!(!is_still_beneath(&root, Path::new("c/b"), &b));
+        assert!(!is_still_beneath(&root, Path::new("../out/c/b"), &b));
+    }
 
     #[test]
     fn symlinks_are_never_followed() {

@@ -23,6 +23,7 @@ use super::fsio::{self, Kind, OpenError, Writers};
 use super::journal::{Journal, Record};
 use super::show;
 use crate::atomic::AtomicFile;
+use crate::batch::Original;
 use crate::stamp::Stamp;
 
 /// One session: the key every file is encrypted under until the next
@@ -282,10 +283,12 @@ pub struct Item {
 
 /// A ciphertext handed to the committer.
 pub struct Ready {
-    /// All but the file.
+    /// All but the files.
     pub item: Item,
     /// The ciphertext under its temporary name.
     pub out: AtomicFile,
+    /// The ciphertext it replaces, open (exchanged with it at the commit).
+    pub old: Option<Original>,
 }
 
 /// What a worker did with a job.
@@ -311,7 +314,7 @@ pub fn process(ctx: &Ctx, job: &Job) -> Step {
 }
 
 fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
-    pause_before_open(&job.rel);
+    pause("open", &job.rel);
     // The source's directory is needed only to remove the source.
     let (dir, file) = match fsio::open_beneath(&ctx.src_root, &job.rel, ctx.delete) {
         Ok(x) => x,
@@ -341,6 +344,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
         rec,
         dest,
         replaces,
+        old,
     } = match encrypt_to_temporary(ctx, job, &file, &st0, &session)? {
         Ok(t) => t,
         Err(outcome) => return Ok(Step::Done(outcome)),
@@ -367,6 +371,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
         let dir = dir.context("the source's directory is not open")?;
         source = Some(Source { dir, file, st0 });
     }
+    pause("ready", &job.rel);
     Ok(Step::Commit(Box::new(Ready {
         item: Item {
             rel: job.rel.clone(),
@@ -379,6 +384,7 @@ fn encrypt_one(ctx: &Ctx, job: &Job, started: Instant) -> anyhow::Result<Step> {
             ready_at: Instant::now(),
         },
         out,
+        old,
     })))
 }
 
@@ -433,6 +439,15 @@ fn encrypt_to_temporary(
 ) -> anyhow::Result<Result<Temporary, Outcome>> {
     let (version, dest, replace) = ctx.target(job, st0, file, session);
     let replaces = if replace { job.prev } else { None };
+    // The ciphertext to replace, open now: it is replaced only if its name
+    // still holds it at the commit. Gone or swapped already: done again.
+    let old = match replaces {
+        Some(prev) => match open_ciphertext(&dest, &prev) {
+            Some(o) => Some(o),
+            None => return Ok(Err(Outcome::Changed)),
+        },
+        None => None,
+    };
     let mode = (st0.mode & 0o777) | 0o600;
     // A new ciphertext is written with no name (`O_TMPFILE`, where DEST's
     // file system takes it) and linked at commit: DEST gains one entry,
@@ -470,6 +485,7 @@ fn encrypt_to_temporary(
         rec,
         dest,
         replaces,
+        old,
     }))
 }
 
@@ -482,6 +498,9 @@ struct Temporary {
     dest: PathBuf,
     /// The record of the ciphertext it is to replace, if any.
     replaces: Option<Record>,
+    /// That ciphertext, open: the commit exchanges the new one with it
+    /// only if its name still holds it (see [`crate::replace::exchange`]).
+    old: Option<Original>,
 }
 
 /// Whether DEST holds, at `path`, the ciphertext `rec` describes: a regular
@@ -491,6 +510,24 @@ pub fn ciphertext_present(path: &Path, rec: &Record) -> bool {
     fs::symlink_metadata(path)
         .map(|m| m.is_file() && m.len() == rec.ct_len && (rec.ct_ino == 0 || m.ino() == rec.ct_ino))
         .unwrap_or(false)
+}
+
+/// Opens the ciphertext `rec` describes at `path` (no symlink followed),
+/// as an original that only it may be exchanged with: None unless it is
+/// there, a regular file of its size and, when known, its inode.
+fn open_ciphertext(path: &Path, rec: &Record) -> Option<Original> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let m = file.metadata().ok()?;
+    let ok = m.is_file() && m.len() == rec.ct_len && (rec.ct_ino == 0 || m.ino() == rec.ct_ino);
+    ok.then(|| Original {
+        path: path.to_path_buf(),
+        stamp: Stamp::of(&m),
+        file,
+    })
 }
 
 /// A `Write` that compares what it is given with a file, from its start,
@@ -574,42 +611,64 @@ fn verify(session: &Session, ct: &File, src: &File) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes the source if it is still exactly what was encrypted. Under a
-/// read lease (no writer has it open; a new writer's open breaks the lease
-/// and waits), the open file must be unchanged and its name must still
-/// refer to it. The name is then first moved aside (never replacing
-/// anything) to `.NAME.tpmcrypt-removing.PID.RANDOM`, so that an append
-/// or an upload renamed in from now on lands on a new file, encrypted in
-/// its turn; and only if the moved inode is the one encrypted, unchanged,
-/// with a single name and its lease not being broken, is it unlinked.
-/// Otherwise it is put back under its name (or, if that was taken
-/// meanwhile, kept as `.NAME.tpmcrypt-restored.PID.RANDOM`) to be
-/// encrypted again. Returns whether it was removed; the removal is made
-/// durable by the caller (with the batch's other removals).
+/// What became of a verified source at its removal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Removed.
+    Removed,
+    /// Kept: it changed, or is not the file encrypted any more (encrypted
+    /// again).
+    Changed,
+    /// Kept: its directory is no longer where it was beneath SRC (moved
+    /// out, or renamed: under its new path it is a job of its own).
+    Moved,
+}
+
+/// Removes the source if it is still exactly what was encrypted, and still
+/// where it was beneath SRC (`root`): its directory, opened at pickup,
+/// must still be the one at `rel`'s parent (checked before and after the
+/// move aside below). Under a read lease (no writer has it open; a new
+/// writer's open breaks the lease and waits), the open file must be
+/// unchanged and its name must still refer to it. The name is then first
+/// moved aside (never replacing anything) to
+/// `.NAME.tpmcrypt-removing.PID.RANDOM`, so that an append or an upload
+/// renamed in from now on lands on a new file, encrypted in its turn; and
+/// only if the moved inode is the one encrypted, unchanged, with a single
+/// name and its lease not being broken, is it unlinked. Otherwise it is
+/// put back under its name (or, if that was taken meanwhile, kept as
+/// `.NAME.tpmcrypt-restored.PID.RANDOM`) to be encrypted again. The
+/// removal is made durable by the caller (with the batch's other
+/// removals).
 pub fn remove_source(
+    root: &File,
     dir: &OwnedFd,
     rel: &Path,
     name: &std::ffi::OsStr,
     file: &File,
     st0: &Stamp,
-) -> io::Result<bool> {
+) -> io::Result<Removal> {
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let in_place = || fsio::is_still_beneath(root, parent, dir);
+    if !in_place() {
+        return Ok(Removal::Moved);
+    }
     let lease = fsio::lease(file);
     if lease != Writers::None {
         // Busy: a writer. Unknown cannot happen (such sources are kept).
-        return Ok(false);
+        return Ok(Removal::Changed);
     }
     let result = (|| {
         if Stamp::of(&file.metadata()?) != *st0 {
-            return Ok(false);
+            return Ok(Removal::Changed);
         }
         match fsio::lstat_at(dir, name) {
             Ok((Kind::File, dev, ino)) if dev == st0.dev && ino == st0.ino => {}
-            _ => return Ok(false),
+            _ => return Ok(Removal::Changed),
         }
         let aside = fsio::aside_name(name, fsio::ASIDE_MARKER);
         match crate::atomic::naming_in_fd(dir, || fsio::rename_noreplace_at(dir, name, &aside)) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Removal::Changed),
             Err(e) => return Err(e),
         }
         // The rename changes the inode's ctime: size and mtime are
@@ -620,12 +679,16 @@ pub fn remove_source(
             && (now.dev, now.ino, now.size, now.mtime_ns, now.nlink)
                 == (st0.dev, st0.ino, st0.size, st0.mtime_ns, 1)
             && fsio::lease_intact(file);
-        if same {
+        if same && in_place() {
             fsio::unlink_at(dir, &aside)?;
-            return Ok(true);
+            return Ok(Removal::Removed);
         }
         put_back(dir, rel, name, &aside)?;
-        Ok(false)
+        Ok(if same {
+            Removal::Moved
+        } else {
+            Removal::Changed
+        })
     })();
     fsio::unlease(file);
     result
@@ -658,18 +721,24 @@ fn put_back(
 
 /// For the tests only, and only in debug builds: with
 /// `TPMCRYPT_WATCH_TEST_PAUSE=NAME:MS` a worker waits MS milliseconds
-/// before it opens a source whose file name is NAME, so that a test can
-/// act on the source while its job is in flight. Release builds have no
-/// such hook.
+/// before it opens a source whose file name is NAME, and with
+/// `NAME:MS:ready` once its ciphertext is complete (and, under
+/// --delete-plaintext, verified), before handing it to the committer; so
+/// that a test can act on the source, or on DEST, while its job is in
+/// flight. Release builds have no such hook.
 #[cfg(debug_assertions)]
-fn pause_before_open(rel: &Path) {
+fn pause(stage: &str, rel: &Path) {
     let Some(spec) = std::env::var_os("TPMCRYPT_WATCH_TEST_PAUSE") else {
         return;
     };
     let spec = spec.to_string_lossy().into_owned();
-    let Some((name, ms)) = spec.rsplit_once(':') else {
+    let mut parts = spec.splitn(3, ':');
+    let (Some(name), Some(ms)) = (parts.next(), parts.next()) else {
         return;
     };
+    if parts.next().unwrap_or("open") != stage {
+        return;
+    }
     if rel.file_name().is_some_and(|n| n == name) {
         if let Ok(ms) = ms.parse() {
             std::thread::sleep(Duration::from_millis(ms));
@@ -678,7 +747,7 @@ fn pause_before_open(rel: &Path) {
 }
 
 #[cfg(not(debug_assertions))]
-fn pause_before_open(_rel: &Path) {}
+fn pause(_stage: &str, _rel: &Path) {}
 
 #[cfg(test)]
 mod tests {
