@@ -63,7 +63,7 @@ use tpmcrypt_tpmkey::agent::session::AgentCache;
 use tpmcrypt_tpmkey::agent::{self, AgentClient};
 
 use crate::args::value::BackendArg;
-use crate::args::Command;
+use crate::args::{FrontCli, FrontCommand};
 use crate::commands::agent::LazyAgent;
 use crate::commands::crypt::{self, DecryptArgs, EncryptArgs, TpmUse};
 use crate::files::{self, Source};
@@ -112,12 +112,12 @@ impl std::error::Error for HandOver {}
 /// run over.
 fn serve(argv: &[OsString]) -> Option<i32> {
     // Any command-line error, --help or --version: said by tpmcrypt-full.
-    let (cli, tpm_from_env) = crate::parse(argv).ok()?;
-    let ui = crate::ui_of(&cli, tpm_from_env);
+    // Only encrypt and decrypt parse here (see `FrontCli`).
+    let (cli, tpm_from_env) = crate::parse::<FrontCli>(argv).ok()?;
+    let ui = crate::ui_of(&cli.globals, tpm_from_env);
     let result = match &cli.command {
-        Command::Encrypt(args) => encrypt(args, &ui)?,
-        Command::Decrypt(args) => decrypt(args, &ui)?,
-        _ => return None,
+        FrontCommand::Encrypt(args) => encrypt(args, &ui)?,
+        FrontCommand::Decrypt(args) => decrypt(args, &ui)?,
     };
     match result {
         Err(e) if e.is::<HandOver>() => None,

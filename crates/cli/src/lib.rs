@@ -49,7 +49,7 @@ mod tpm;
 mod ui;
 mod version;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::CommandFactory;
 
 use crate::args::{Cli, Command};
 use crate::ui::{exit, stdout, Ui};
@@ -74,7 +74,7 @@ pub fn main_full() -> ! {
         std::process::exit(code);
     }
     // The matches say where --tpm's value came from (flag or TPMCRYPT_TCTI).
-    let (cli, tpm_from_env) = match parse(&argv) {
+    let (cli, tpm_from_env) = match parse::<Cli>(&argv) {
         Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version arrive here too (on stdout, exit 0), and
@@ -110,7 +110,7 @@ pub fn main_full() -> ! {
             std::process::exit(exit::USAGE);
         }
     };
-    let ui = ui_of(&cli, tpm_from_env);
+    let ui = ui_of(&cli.globals, tpm_from_env);
     let result = match &cli.command {
         Command::Encrypt(a) => commands::crypt::encrypt(a, &ui),
         Command::Decrypt(a) => commands::crypt::decrypt(a, &ui),
@@ -135,7 +135,7 @@ pub fn main_full() -> ! {
 }
 
 /// The global flags as the commands see them.
-fn ui_of(cli: &Cli, tpm_from_env: bool) -> Ui {
+fn ui_of(cli: &args::Globals, tpm_from_env: bool) -> Ui {
     Ui {
         verbose: cli.verbose,
         quiet: cli.quiet,
@@ -164,10 +164,10 @@ fn code_of(result: anyhow::Result<i32>) -> i32 {
 
 /// The command line, parsed with clap's colour set by the one decision
 /// ([`ui::colour`]), and whether `--tpm`'s value came from `TPMCRYPT_TCTI`.
-fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
+fn parse<P: clap::Parser>(argv: &[std::ffi::OsString]) -> Result<(P, bool), clap::Error> {
     // Named `tpmcrypt` in usage and help whichever executable runs (the
     // front hands runs to `tpmcrypt-full`) and whatever argv[0] is.
-    let mut cmd = Cli::command()
+    let mut cmd = P::command()
         .color(ui::colour::clap_choice())
         .bin_name("tpmcrypt");
     // A variable set but empty counts as unset, as XDG_DATA_HOME does (a
@@ -201,7 +201,7 @@ fn parse(argv: &[std::ffi::OsString]) -> Result<(Cli, bool), clap::Error> {
                 .map_err(|e| cmd.error(clap::error::ErrorKind::ValueValidation, e))?;
         }
     }
-    Cli::from_arg_matches_mut(&mut matches)
+    P::from_arg_matches_mut(&mut matches)
         .map(|cli| (cli, tpm_from_env))
         .map_err(|e| e.format(&mut cmd))
 }
