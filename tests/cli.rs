@@ -3897,3 +3897,58 @@ fn workers_waiting_for_a_buffer_do_not_spin() {
         .count();
     assert_eq!(yields, 0, "the workers yielded the CPU {yields} times");
 }
+
+/// A pipe on standard output (encrypt -o -, decrypt -o -) or input
+/// (decrypt of `-`) is grown to hold a whole segment, 1 MiB where the
+/// system allows that much (`fs.pipe-max-size`), so that a segment is not
+/// passed on in 16 turns of 64 KiB; the data is the same.
+#[test]
+fn pipes_on_stdin_and_stdout_are_grown_to_a_segment() {
+    use std::os::fd::AsRawFd as _;
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let max: i32 = fs::read_to_string("/proc/sys/fs/pipe-max-size")
+        .expect("fs.pipe-max-size")
+        .trim()
+        .parse()
+        .expect("a number");
+    let want = max.min(1 << 20);
+    assert!(
+        want > 65536,
+        "fs.pipe-max-size is {max}: nothing to grow to"
+    );
+    let pipe_size = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    let data = bytes(3 << 20, 5);
+    fs::write(d.join("plain"), &data).expect("write");
+    let mut enc = tpmcrypt(d)
+        .args(["encrypt", "-q", "-R", &r, "-o", "-", "plain"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn encrypt");
+    let mut out = enc.stdout.take().expect("stdout");
+    let mut ct = Vec::new();
+    out.read_to_end(&mut ct).expect("read");
+    assert!(enc.wait().expect("wait").success());
+    assert_eq!(pipe_size(out.as_raw_fd()), want, "encrypt's stdout");
+
+    let mut dec = tpmcrypt(d)
+        .args(["decrypt", "-q", "-i", "id", "-o", "-", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn decrypt");
+    let mut input = dec.stdin.take().expect("stdin");
+    // The size once all is written (decrypt grows the pipe before its
+    // first read), then the end of its input.
+    let writer = std::thread::spawn(move || {
+        input.write_all(&ct).expect("feed");
+        pipe_size(input.as_raw_fd())
+    });
+    let mut out = dec.stdout.take().expect("stdout");
+    let mut plain = Vec::new();
+    out.read_to_end(&mut plain).expect("read");
+    assert_eq!(writer.join().expect("writer"), want, "decrypt's stdin");
+    assert!(dec.wait().expect("wait").success());
+    assert_eq!(pipe_size(out.as_raw_fd()), want, "decrypt's stdout");
+    assert!(plain == data, "decrypted data differs");
+}

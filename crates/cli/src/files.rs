@@ -1156,6 +1156,28 @@ fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
     Ok(File::from(fd.try_clone_to_owned()?))
 }
 
+/// What a pipe on standard input or output is grown to: the size of a
+/// segment, which is read and written whole.
+const PIPE_SIZE: i32 = 1 << 20;
+
+/// Grows `file`'s buffer to [`PIPE_SIZE`] if it is a pipe with less (a
+/// pipe holds 64 KiB by default, so each segment written into one took 16
+/// turns of writer and reader). Where that is refused (more than the
+/// system's `fs.pipe-max-size`, or the user's pipe pages over their soft
+/// limit) the pipe stays as it is: only speed is at stake.
+fn grow_pipe(file: &File) {
+    use std::os::fd::AsRawFd as _;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a valid descriptor with an integer argument; on
+    // anything but a pipe F_GETPIPE_SZ fails (EBADF) and nothing is done.
+    unsafe {
+        let size = libc::fcntl(fd, libc::F_GETPIPE_SZ);
+        if size > 0 && size < PIPE_SIZE {
+            libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_SIZE);
+        }
+    }
+}
+
 /// An input opened for its task, and what its output keeps of it.
 struct Opened {
     file: File,
@@ -1174,8 +1196,10 @@ fn open_source(task: &Task, opts: &RunOptions) -> anyhow::Result<Opened> {
     let path = match &task.source {
         Source::Stdin => {
             crate::ui::stdout::ensure_stdin_open()?;
+            let file = stdio_file(io::stdin().as_fd())?;
+            grow_pipe(&file);
             return Ok(Opened {
-                file: stdio_file(io::stdin().as_fd())?,
+                file,
                 size: None,
                 mode: 0o666 & !current_umask(),
                 stamp: None,
@@ -1401,6 +1425,7 @@ fn to_stdout(transfer: &mut Transfer<'_>) -> anyhow::Result<u64> {
         ));
     }
     let mut out = stdio_file(out.as_fd())?;
+    grow_pipe(&out);
     transfer.run_into(&mut out, &stdout::LABEL, STREAMED)
 }
 
