@@ -2527,3 +2527,41 @@ fn a_kill_at_a_replacements_exchange_leaves_one_ciphertext() {
         assert_eq!(left, vec![ct.clone()], "{at}: {}", s.log(1));
     }
 }
+
+/// A hard link to a ciphertext made while its replacement is in flight (a
+/// backup that hard-links DEST, `cp -al`) is no reason to give up the
+/// replacement: the name takes the edit, the backup keeps the old
+/// ciphertext, and no version is added. (Found by a hostile round: the
+/// exchange took the link's new ctime for a change, and a stress run with
+/// frequent `cp -al` made 554 versions of 40 sources.)
+#[test]
+fn a_backups_hard_link_does_not_turn_a_replacement_into_a_version() {
+    let s = Scratch::new();
+    let child = s.start_env(
+        0,
+        &[],
+        true,
+        &[],
+        None,
+        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:2000:ready")],
+    );
+    let a = s.src().join("a");
+    let ct = s.dest().join("a.tpmc");
+    write_file(&a, b"a, first");
+    wait_for("the first job's end", Duration::from_secs(30), || {
+        ct.exists() && s.stats()["files"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(&a, b"a, edited").expect("edit a");
+    std::thread::sleep(Duration::from_millis(1000));
+    let backup = s.path().join("backup.tpmc");
+    fs::hard_link(&ct, &backup).expect("ln a.tpmc backup");
+    wait_for("the edit's job", Duration::from_secs(30), || {
+        s.stats()["files"] == 2
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stop(child), 0, "{}", s.log(0));
+    assert_eq!(s.decrypt_one(&ct), b"a, edited", "{}", s.log(0));
+    assert_eq!(s.decrypt_one(&backup), b"a, first");
+    assert_eq!(ciphertexts(&s.dest()), 1, "{:?}", walk(&s.dest()));
+}

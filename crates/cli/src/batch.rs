@@ -125,6 +125,13 @@ pub struct Original {
     pub file: File,
     /// How it was before the read.
     pub stamp: Stamp,
+    /// Whether any change to its inode since (its ctime: a new hard link,
+    /// a chmod) counts as a change: yes for a user's file (`--in-place`,
+    /// `rekey`); for a ciphertext the watch daemon replaces, only its
+    /// inode, size, mtime and mode must still be as they were (a backup
+    /// that hard-links DEST must not turn every replacement into a new
+    /// version).
+    pub exact: bool,
 }
 
 /// A complete output waiting for its batch to commit.
@@ -886,6 +893,7 @@ mod tests {
                     path: orig,
                     file,
                     stamp,
+                    exact: true,
                 }),
             });
             assert_eq!(full, i == 2);
@@ -962,6 +970,7 @@ mod tests {
                     path: orig,
                     file,
                     stamp,
+                    exact: true,
                 }),
             });
         }
@@ -1025,6 +1034,7 @@ mod tests {
                 path: orig,
                 file,
                 stamp,
+                exact: true,
             });
             batch.push(Pending {
                 tag: i,

@@ -1486,6 +1486,7 @@ fn to_file(index: usize, new: NewFile<'_>, mut transfer: Transfer<'_>) -> anyhow
                 path: src.clone(),
                 file: transfer.input,
                 stamp,
+                exact: true,
             }),
             _ => None,
         };

@@ -69,7 +69,10 @@ fn is_as_read(o: &Original, m: &fs::Metadata) -> bool {
 /// module). On success the original is returned, displaced, for removal
 /// once the directory is durable.
 pub fn exchange(out: AtomicFile, o: &Original) -> Result<Displaced, CommitError> {
-    let unchanged = o.file.metadata().is_ok_and(|m| Stamp::of(&m) == o.stamp);
+    let unchanged = o.file.metadata().is_ok_and(|m| match o.exact {
+        true => Stamp::of(&m) == o.stamp,
+        false => is_as_read(o, &m),
+    });
     // Gone (removed meanwhile) counts as changed: it is not brought back.
     let named = fs::symlink_metadata(&o.path);
     if !unchanged || !named.is_ok_and(|m| is_as_read(o, &m)) {
@@ -135,7 +138,12 @@ mod tests {
             tag: "t",
             out,
             bytes: new.len() as u64,
-            original: Some(Original { path, file, stamp }),
+            original: Some(Original {
+                path,
+                file,
+                stamp,
+                exact: true,
+            }),
         }
     }
 

@@ -527,6 +527,8 @@ fn open_ciphertext(path: &Path, rec: &Record) -> Option<Original> {
         path: path.to_path_buf(),
         stamp: Stamp::of(&m),
         file,
+        // A backup's hard link to it (`cp -al DEST`) is no reason to keep it.
+        exact: false,
     })
 }
 
