@@ -2565,3 +2565,54 @@ fn a_backups_hard_link_does_not_turn_a_replacement_into_a_version() {
     assert_eq!(s.decrypt_one(&backup), b"a, first");
     assert_eq!(ciphertexts(&s.dest()), 1, "{:?}", walk(&s.dest()));
 }
+
+/// Directories below SRC renamed back and forth while the daemon starts
+/// (its watches are set up by walking the tree) do not keep it from
+/// starting. (Found by a hostile round: 15 starts of 20 ended with
+/// `error: watching SRC: No path was found`.)
+#[test]
+fn a_tree_renamed_during_start_up_is_still_watched() {
+    let s = Scratch::new();
+    for i in 0..50 {
+        fs::create_dir_all(s.src().join(format!("churn/s{i}/t"))).expect("mkdir");
+    }
+    let stop_churn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (src, stop_churn) = (s.src(), stop_churn.clone());
+        std::thread::spawn(move || {
+            let (a, b) = (src.join("churn"), src.join("churn2"));
+            let mut n = 0u64;
+            while !stop_churn.load(std::sync::atomic::Ordering::Relaxed) {
+                let (from, to) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+                if fs::rename(from, to).is_ok() {
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            n
+        })
+    };
+    for n in 0..6 {
+        // Waits for READY=1 (or panics with the log if it exits first).
+        let child = s.start(n, &[], true);
+        assert_eq!(stop(child), 0, "{}", s.log(n));
+    }
+    stop_churn.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        churn.join().expect("churn") > 100,
+        "the tree was hardly renamed"
+    );
+    // Still a working daemon on the settled tree.
+    let child = s.start(6, &[], true);
+    let dir = ["churn", "churn2"]
+        .iter()
+        .map(|d| s.src().join(d))
+        .find(|d| d.exists())
+        .expect("the churned directory");
+    write_file(&dir.join("s7/t/f"), b"after the churn");
+    let rel = dir.file_name().expect("name").to_owned();
+    let ct = s.dest().join(rel).join("s7/t/f.tpmc");
+    wait_for("f.tpmc", Duration::from_secs(30), || ct.exists());
+    assert_eq!(stop(child), 0, "{}", s.log(6));
+    assert_eq!(s.decrypt_one(&ct), b"after the churn");
+}

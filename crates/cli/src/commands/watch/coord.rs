@@ -408,10 +408,43 @@ fn start_watcher(src: &Path) -> anyhow::Result<(Events, notify::RecommendedWatch
         notify::Config::default().with_follow_symlinks(false),
     )
     .context("starting inotify")?;
-    watcher
-        .watch(src, RecursiveMode::Recursive)
-        .with_context(|| format!("watching {}", src.display()))?;
+    // A directory below SRC renamed or removed while the watches are being
+    // set up makes the recursive walk fail; SRC itself is still there, so
+    // the walk is tried again (a busy tree settles between two renames).
+    // It used to end the daemon at its start.
+    let mut tries = 0;
+    loop {
+        match watcher.watch(src, RecursiveMode::Recursive) {
+            Ok(()) => break,
+            Err(e) if tries < WATCH_TRIES && vanished_below(src, &e) => {
+                tries += 1;
+                debug!("a directory in SRC went while it was being watched ({e}); again");
+                let _ = watcher.unwatch(src);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!("watching {}", src.display())))
+            }
+        }
+    }
     Ok((ev_rx, watcher))
+}
+
+/// How many times the start-up watch of SRC is tried while directories
+/// below it come and go.
+const WATCH_TRIES: u32 = 200;
+
+/// Whether `e`, from watching `src` recursively, is a path below `src`
+/// gone meanwhile (and `src` itself still a directory).
+fn vanished_below(src: &Path, e: &notify::Error) -> bool {
+    let gone = match &e.kind {
+        notify::ErrorKind::PathNotFound | notify::ErrorKind::WatchNotFound => true,
+        notify::ErrorKind::Io(io) => {
+            matches!(io.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+        }
+        _ => false,
+    };
+    gone && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir())
 }
 
 /// Events [`Coordinator::on_event`] does nothing with, dropped on the
