@@ -2616,3 +2616,41 @@ fn a_tree_renamed_during_start_up_is_still_watched() {
     assert_eq!(stop(child), 0, "{}", s.log(6));
     assert_eq!(s.decrypt_one(&ct), b"after the churn");
 }
+
+/// A source a killed daemon had moved aside to remove, once its verified
+/// ciphertext was durable under its final name (the journal records it),
+/// is removed at the next start under --delete-plaintext, not encrypted a
+/// second time. (It used to be renamed back; when an upload had taken its
+/// name meanwhile it was kept under another and encrypted again: the
+/// rare extra ciphertext of `kill_9_while_versions_arrive_loses_none`.)
+#[test]
+fn a_moved_aside_source_whose_ciphertext_is_made_is_removed_at_start() {
+    let s = Scratch::new();
+    let a = s.src().join("a");
+    write_file(&a, b"encrypted before the kill");
+    // Killed after the commit (a.tpmc and its record), before the removal.
+    killed_at(&s, 0, &["--delete-plaintext"], "renamed");
+    assert!(s.dest().join("a.tpmc").exists());
+    // As if killed between the move aside and the unlink; then an upload
+    // takes the name.
+    let dead = 2_147_483_646; // no such process
+    let aside = s
+        .src()
+        .join(format!(".a.tpmcrypt-removing.{dead}.0123456789abcdef"));
+    fs::rename(&a, &aside).expect("move aside");
+    write_file(&a, b"an upload after the kill");
+    let child = s.start(1, &["--delete-plaintext"], true);
+    wait_for("SRC to empty", Duration::from_secs(30), || {
+        walk(&s.src()).is_empty()
+    });
+    assert_eq!(stop(child), 0, "{}", s.log(1));
+    let got = s.decrypt_all();
+    assert_eq!(got[Path::new("a")], b"encrypted before the kill");
+    assert_eq!(
+        got[Path::new("a.v2")],
+        b"an upload after the kill",
+        "{}",
+        s.log(1)
+    );
+    assert_eq!(got.len(), 2, "{:?} {}", got.keys(), s.log(1));
+}

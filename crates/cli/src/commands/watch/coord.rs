@@ -820,7 +820,13 @@ impl Coordinator {
                 skipped += 1;
                 continue;
             }
-            let f = if startup { self.recover_aside(f) } else { f };
+            let f = match startup {
+                true => match self.recover_aside(f) {
+                    Some(f) => f,
+                    None => continue,
+                },
+                false => f,
+            };
             if let Some(p) = present.as_deref_mut() {
                 p.insert(f.rel.clone());
             }
@@ -873,26 +879,36 @@ impl Coordinator {
     }
 
     /// A source moved aside for removal by a daemon that is gone (killed
-    /// between the move and the unlink) is renamed back to its name, never
-    /// replacing anything; if that cannot be done it stays where it is and
-    /// is encrypted under that name like any file. Never removed.
-    fn recover_aside(&self, f: scan::Found) -> scan::Found {
+    /// between the move and the unlink). Under --delete-plaintext, when the
+    /// journal records exactly this file (inode, size, mtime, one name) as
+    /// encrypted and its ciphertext is in place, the removal is finished:
+    /// a source is moved aside only after its verified ciphertext is
+    /// durable under its final name (`None`: nothing left to do).
+    /// Otherwise it is renamed back to its name, never replacing anything;
+    /// if that cannot be done it stays where it is and is encrypted under
+    /// that name like any file. It used to be renamed back always, and when
+    /// the name had been taken meanwhile (an upload) it was encrypted a
+    /// second time, under its kept name.
+    fn recover_aside(&self, f: scan::Found) -> Option<scan::Found> {
         let Some((pid, original)) = f.rel.file_name().and_then(fsio::parse_aside) else {
-            return f;
+            return Some(f);
         };
         // At start nothing is moved aside by this process yet: its own PID
         // there is a previous one's, reused.
         if pid != std::process::id() as i32 && crate::atomic::pid_alive(pid) {
-            return f;
+            return Some(f);
         }
         let Some(original) = original else {
             warn!(
                 "{}: left by an interrupted removal (its name is unknown): encrypted as it is",
                 show(&f.rel)
             );
-            return f;
+            return Some(f);
         };
         let parent = f.rel.parent().unwrap_or(Path::new(""));
+        if self.finish_removal(&f, parent, original) {
+            return None;
+        }
         let mut back = parent.join(original);
         let renamed = fsio::open_dir_beneath(&self.ctx.src_root, parent).and_then(|dir| {
             let aside = f.rel.file_name().unwrap_or_default();
@@ -914,7 +930,7 @@ impl Coordinator {
                     show(&f.rel),
                     show(&back)
                 );
-                scan::Found { rel: back, ..f }
+                Some(scan::Found { rel: back, ..f })
             }
             Err(e) => {
                 warn!(
@@ -923,7 +939,58 @@ impl Coordinator {
                     show(&f.rel),
                     show(&back)
                 );
-                f
+                Some(f)
+            }
+        }
+    }
+
+    /// Finishes the removal of the moved-aside `f` (of `parent/original`)
+    /// if the journal says its ciphertext is made (see
+    /// [`Coordinator::recover_aside`]); whether it did.
+    fn finish_removal(&self, f: &scan::Found, parent: &Path, original: &std::ffi::OsStr) -> bool {
+        if !self.ctx.delete || f.meta.nlink() != 1 {
+            return false;
+        }
+        let rel = parent.join(original);
+        let m = &f.meta;
+        let mtime = m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128;
+        let encrypted = self.journal().get(&rel).is_some_and(|rec| {
+            rec.same_source(m.size(), mtime, m.ino())
+                && worker::ciphertext_present(&self.ctx.version_path(&rel, rec.version), &rec)
+        });
+        if !encrypted {
+            return false;
+        }
+        let aside = f.rel.file_name().unwrap_or_default();
+        let removed = fsio::open_dir_beneath(&self.ctx.src_root, parent).and_then(|dir| {
+            // Still the very file (nothing took the name since the scan).
+            match fsio::lstat_at(&dir, aside) {
+                Ok((Kind::File, _, ino)) if ino == m.ino() => {}
+                _ => return Ok(false),
+            }
+            fsio::unlink_at(&dir, aside)?;
+            fsio::fsync(&dir)?;
+            Ok(true)
+        });
+        match removed {
+            Ok(true) => {
+                info!(
+                    "{}: left by an interrupted removal of {}, whose ciphertext is made: removed",
+                    show(&f.rel),
+                    show(&rel)
+                );
+                if let Err(e) = self.journal().remove(&rel) {
+                    warn!("{}: cannot write the journal: {e}", show(&rel));
+                }
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                warn!(
+                    "{}: left by an interrupted removal, cannot be removed: {e}",
+                    show(&f.rel)
+                );
+                false
             }
         }
     }
