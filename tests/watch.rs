@@ -147,6 +147,19 @@ impl Scratch {
         child
     }
 
+    /// [`Scratch::start`] (waiting for READY=1) with the debug build's
+    /// pause hook, `TPMCRYPT_WATCH_TEST_PAUSE=spec` (worker.rs `pause`).
+    fn start_paused(&self, n: usize, extra: &[&str], spec: &str) -> Child {
+        self.start_env(
+            n,
+            extra,
+            true,
+            &[],
+            None,
+            &[("TPMCRYPT_WATCH_TEST_PAUSE", spec)],
+        )
+    }
+
     /// Decrypts every .tpmc under DEST (next to it) and returns relative
     /// path (without .tpmc) → plaintext.
     fn decrypt_all(&self) -> HashMap<PathBuf, Vec<u8>> {
@@ -1266,14 +1279,7 @@ fn a_directory_moved_out_and_back_is_not_encrypted_again() {
 #[test]
 fn a_source_removed_while_in_flight_keeps_its_ciphertext() {
     let s = Scratch::new();
-    let child = s.start_env(
-        0,
-        &[],
-        true,
-        &[],
-        None,
-        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:1500")],
-    );
+    let child = s.start_paused(0, &[], "a:1500");
     let a = s.src().join("a");
     let ct = s.dest().join("a.tpmc");
     write_file(&a, b"the old a");
@@ -2360,14 +2366,7 @@ fn a_directory_moved_out_while_in_flight_keeps_its_file() {
     }
     // Each doc.txt's job is held 2.5 s once its ciphertext is complete
     // and verified, before the commit and the removal.
-    let child = s.start_env(
-        0,
-        &["--delete-plaintext"],
-        true,
-        &[],
-        None,
-        &[("TPMCRYPT_WATCH_TEST_PAUSE", "doc.txt:2500:ready")],
-    );
+    let child = s.start_paused(0, &["--delete-plaintext"], "doc.txt:2500:ready");
     write_file(&s.src().join("moved/doc.txt"), b"moved out in flight");
     write_file(&s.src().join("stays/doc.txt"), b"stays in SRC");
     std::thread::sleep(Duration::from_millis(1000));
@@ -2407,14 +2406,7 @@ fn a_directory_moved_out_while_in_flight_keeps_its_file() {
 fn a_directory_renamed_in_src_while_in_flight_is_removed_by_its_new_path() {
     let s = Scratch::new();
     fs::create_dir(s.src().join("sub2")).expect("mkdir");
-    let child = s.start_env(
-        0,
-        &["--delete-plaintext"],
-        true,
-        &[],
-        None,
-        &[("TPMCRYPT_WATCH_TEST_PAUSE", "big.bin:2500:ready")],
-    );
+    let child = s.start_paused(0, &["--delete-plaintext"], "big.bin:2500:ready");
     let data = bytes(300_000, 7);
     write_file(&s.src().join("sub2/big.bin"), &data);
     std::thread::sleep(Duration::from_millis(1000));
@@ -2445,23 +2437,8 @@ fn a_directory_renamed_in_src_while_in_flight_is_removed_by_its_new_path() {
 #[test]
 fn a_replacement_never_overwrites_a_file_put_at_its_name_meanwhile() {
     let s = Scratch::new();
-    let child = s.start_env(
-        0,
-        &[],
-        true,
-        &[],
-        None,
-        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:2000:ready")],
-    );
-    let a = s.src().join("a");
-    let ct = s.dest().join("a.tpmc");
-    write_file(&a, b"a, first");
-    wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
-    wait_for("the first job's end", Duration::from_secs(30), || {
-        s.stats()["files"] == 1
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    fs::write(&a, b"a, edited").expect("edit a");
+    let child = s.start_paused(0, &[], "a:2000:ready");
+    let ct = encrypted_then_edited(&s);
     // The edit's job is held, complete; meanwhile the old ciphertext is
     // moved aside and another file takes its name.
     std::thread::sleep(Duration::from_millis(1000));
@@ -2537,22 +2514,8 @@ fn a_kill_at_a_replacements_exchange_leaves_one_ciphertext() {
 #[test]
 fn a_backups_hard_link_does_not_turn_a_replacement_into_a_version() {
     let s = Scratch::new();
-    let child = s.start_env(
-        0,
-        &[],
-        true,
-        &[],
-        None,
-        &[("TPMCRYPT_WATCH_TEST_PAUSE", "a:2000:ready")],
-    );
-    let a = s.src().join("a");
-    let ct = s.dest().join("a.tpmc");
-    write_file(&a, b"a, first");
-    wait_for("the first job's end", Duration::from_secs(30), || {
-        ct.exists() && s.stats()["files"] == 1
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    fs::write(&a, b"a, edited").expect("edit a");
+    let child = s.start_paused(0, &[], "a:2000:ready");
+    let ct = encrypted_then_edited(&s);
     std::thread::sleep(Duration::from_millis(1000));
     let backup = s.path().join("backup.tpmc");
     fs::hard_link(&ct, &backup).expect("ln a.tpmc backup");
@@ -2653,4 +2616,20 @@ fn a_moved_aside_source_whose_ciphertext_is_made_is_removed_at_start() {
         s.log(1)
     );
     assert_eq!(got.len(), 2, "{:?} {}", got.keys(), s.log(1));
+}
+
+/// Writes SRC/a ("a, first"), waits for its ciphertext a.tpmc and the end
+/// of its job, then edits it ("a, edited"), so that a job to replace
+/// a.tpmc follows; returns a.tpmc's path.
+fn encrypted_then_edited(s: &Scratch) -> PathBuf {
+    let a = s.src().join("a");
+    let ct = s.dest().join("a.tpmc");
+    write_file(&a, b"a, first");
+    wait_for("a.tpmc", Duration::from_secs(30), || ct.exists());
+    wait_for("the first job's end", Duration::from_secs(30), || {
+        s.stats()["files"] == 1
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(&a, b"a, edited").expect("edit a");
+    ct
 }
