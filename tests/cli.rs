@@ -3716,7 +3716,13 @@ fn stats_json_never_replaces_data_or_a_special_file() {
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     std::io::Write::write_all(&mut stdin, b"some data").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Its output is open: the checks made at start are behind it.
+    let here = d.canonicalize().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !common::has_a_file_open_in(child.id(), &here) {
+        assert!(Instant::now() < deadline, "no output opened");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     fs::rename(d.join("id"), d.join("late.json")).unwrap();
     drop(stdin);
     let late: Run = child.wait_with_output().unwrap().into();

@@ -798,7 +798,12 @@ fn an_agent_that_never_answers_costs_a_recovery_decrypt_nothing() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(700));
+    // Once it has asked the agent, it waits for the answer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while accepted.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "never asked the agent");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let killed = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

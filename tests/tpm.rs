@@ -1714,23 +1714,36 @@ fn keystore_readers_and_interrupted_saves() {
     create_key(d, &tcti, "k", "ecc-p256", &[], false);
     fs::write(d.join("f"), b"f").unwrap();
 
-    // A writer holds the lock for 1.5 s: the reader waits for it.
-    let holder = Command::new("flock")
-        .args(["-x", ks.join(".lock").to_str().unwrap(), "sleep", "1.5"])
+    // A writer holds the lock: the reader says it waits, and does, until
+    // the writer lets go.
+    let holder = common::HeldLock::take(&ks.join(".lock"));
+    let mut reader = tpmcrypt(d)
+        .args(["encrypt", "-k", "k", "-o", "f1.tpmc", "f"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("flock (util-linux)");
-    std::thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
-    assert_ok(
-        &plain(d, &["encrypt", "-k", "k", "-o", "f1.tpmc", "f"]),
-        "encrypt -k",
-    );
+        .expect("spawn");
+    let said = common::StderrLines::of(&mut reader);
     assert!(
-        started.elapsed() >= Duration::from_millis(800),
+        said.wait_for("waiting for", Duration::from_secs(30)),
+        "no wait said"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        reader.try_wait().expect("try_wait").is_none(),
         "did not wait for the writer"
     );
-    let mut holder = holder;
-    holder.wait().unwrap();
+    assert!(
+        !d.join("f1.tpmc").exists(),
+        "wrote while the writer held the lock"
+    );
+    drop(holder);
+    let r = said.finished_by(
+        reader,
+        Instant::now() + Duration::from_secs(30),
+        "encrypt -k",
+    );
+    assert_ok(&r, "encrypt -k");
 
     // `key create n` killed at its 3rd rename: record and n.json there.
     let killed = at_renames(
@@ -2449,35 +2462,26 @@ fn a_lock_file_removed_while_waited_for_is_taken_again() {
     let d = dir.path();
     let ks = keystore_with_a_key_file(d);
     let lock = ks.join(".lock");
-    let hold = |secs: &str| {
-        Command::new("flock")
-            .arg("-x")
-            .arg(&lock)
-            .args(["sleep", secs])
-            .spawn()
-            .expect("flock (util-linux)")
-    };
-    let start = Instant::now();
-    let mut first = hold("2");
-    while !lock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no lock file");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    let first = common::HeldLock::take(&lock);
     let mut waiter = tpmcrypt(d)
         .args(["key", "delete", "k", "--yes"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(500));
+    let said = common::StderrLines::of(&mut waiter);
+    // Said once it has the file open and waits on it.
+    assert!(
+        said.wait_for("waiting for", Duration::from_secs(30)),
+        "no wait said"
+    );
     fs::remove_file(&lock).unwrap();
-    let mut third = hold("4");
-    let _ = first.wait();
+    let third = common::HeldLock::take(&lock);
+    drop(first);
     std::thread::sleep(Duration::from_millis(1000));
     let done_early = waiter.try_wait().expect("try_wait").is_some();
-    let _ = third.wait();
-    let r = common::finished_by(
+    drop(third);
+    let r = said.finished_by(
         waiter,
         Instant::now() + Duration::from_secs(20),
         "key delete",
@@ -2526,17 +2530,21 @@ fn a_wait_for_the_simulator_is_said_and_a_signal_ends_it() {
     fs::write(d.join("f"), b"x").unwrap();
     assert_ok(&plain(d, &["encrypt", "--key", "k", "f"]), "encrypt");
     let held = Simulator::start(&keystore(d).join("simulator")).expect("swtpm");
-    let child = tpmcrypt(d)
+    let mut child = tpmcrypt(d)
         .args(["--simulator", "decrypt", "-o", "-", "f.tpmc"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(1000));
+    let said = common::StderrLines::of(&mut child);
+    assert!(
+        said.wait_for("waiting for the simulator", Duration::from_secs(30)),
+        "no wait said"
+    );
     let sent = Instant::now();
     // SAFETY: plain kill(2) of our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let r = common::finished_by(child, Instant::now() + Duration::from_secs(20), "decrypt");
+    let r = said.finished_by(child, Instant::now() + Duration::from_secs(20), "decrypt");
     let took = sent.elapsed();
     assert!(
         r.code == -1 || r.code == 128 + libc::SIGTERM,

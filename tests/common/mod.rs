@@ -87,6 +87,110 @@ pub fn finished_by(
     child.wait_with_output().expect("output").into()
 }
 
+/// An exclusive `flock` on a file (made 0644 if missing, as `flock(1)`
+/// makes it), taken by the test itself so that it is held as long as the
+/// test wants, and let go at once on drop (`LOCK_UN` lets go of it even
+/// where a child another thread is forking holds a copy of the descriptor).
+pub struct HeldLock(std::fs::File);
+
+impl HeldLock {
+    pub fn take(path: &Path) -> HeldLock {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+            .expect("open the lock file");
+        // SAFETY: flock on a descriptor we own.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        assert_eq!(r, 0, "flock {}", path.display());
+        HeldLock(file)
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// A child's standard error, read line by line on a thread as it comes,
+/// so that a test waits for what the run says ("waiting for the keystore's
+/// lock …") instead of sleeping and hoping the run got there.
+pub struct StderrLines {
+    seen: std::sync::Arc<(std::sync::Mutex<String>, std::sync::Condvar)>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StderrLines {
+    /// Takes `child`'s piped standard error.
+    pub fn of(child: &mut std::process::Child) -> StderrLines {
+        use std::io::BufRead;
+        let pipe = child.stderr.take().expect("stderr piped");
+        let seen = std::sync::Arc::new((std::sync::Mutex::new(String::new()), Default::default()));
+        let shared = seen.clone();
+        let reader = std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(pipe);
+            let mut line = Vec::new();
+            while lines.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                let (text, cv): &(std::sync::Mutex<String>, std::sync::Condvar) = &shared;
+                text.lock()
+                    .expect("lock")
+                    .push_str(&String::from_utf8_lossy(&line));
+                cv.notify_all();
+                line.clear();
+            }
+        });
+        StderrLines {
+            seen,
+            reader: Some(reader),
+        }
+    }
+
+    /// Whether a line containing `needle` came within `within`.
+    pub fn wait_for(&self, needle: &str, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let (text, cv) = &*self.seen;
+        let mut got = text.lock().expect("lock");
+        while !got.contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            got = cv.wait_timeout(got, left).expect("lock").0;
+        }
+        true
+    }
+
+    /// The run of `child` (see [`finished_by`]), with all it said.
+    pub fn finished_by(
+        mut self,
+        child: std::process::Child,
+        deadline: std::time::Instant,
+        what: &str,
+    ) -> Run {
+        let mut run = finished_by(child, deadline, what);
+        // The pipe ends with the run, unless something it started still
+        // holds it: then what came so far.
+        if let Some(reader) = self.reader.take() {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !reader.is_finished() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            if reader.is_finished() {
+                reader.join().expect("stderr reader");
+            }
+        }
+        run.stderr = self.seen.0.lock().expect("lock").clone();
+        run
+    }
+}
+
 /// Runs `args` in `dir`, which must end within `secs` seconds (see
 /// [`finished_by`]).
 pub fn run_within(dir: &Path, args: &[&str], secs: u64) -> Run {
