@@ -1295,7 +1295,7 @@ fn a_source_removed_while_in_flight_keeps_its_ciphertext() {
             .open(&a)
             .expect("open a"),
     );
-    std::thread::sleep(Duration::from_millis(400));
+    held(&s, 0, "a", 2);
     fs::remove_file(&a).expect("rm a");
     write_file(&a, b"a newcomer");
     let a2 = s.dest().join(version_name("a", 2));
@@ -2369,7 +2369,7 @@ fn a_directory_moved_out_while_in_flight_keeps_its_file() {
     let child = s.start_paused(0, &["--delete-plaintext"], "doc.txt:2500:ready");
     write_file(&s.src().join("moved/doc.txt"), b"moved out in flight");
     write_file(&s.src().join("stays/doc.txt"), b"stays in SRC");
-    std::thread::sleep(Duration::from_millis(1000));
+    held(&s, 0, "moved/doc.txt", 1);
     fs::rename(s.src().join("moved"), out.join("moved")).expect("mv moved out");
     let ct = s.dest().join("moved/doc.txt.tpmc");
     wait_for("both commits", Duration::from_secs(30), || {
@@ -2409,7 +2409,7 @@ fn a_directory_renamed_in_src_while_in_flight_is_removed_by_its_new_path() {
     let child = s.start_paused(0, &["--delete-plaintext"], "big.bin:2500:ready");
     let data = bytes(300_000, 7);
     write_file(&s.src().join("sub2/big.bin"), &data);
-    std::thread::sleep(Duration::from_millis(1000));
+    held(&s, 0, "sub2/big.bin", 1);
     fs::rename(s.src().join("sub2"), s.src().join("sub2renamed")).expect("mv");
     let moved = s.src().join("sub2renamed/big.bin");
     wait_for("the renamed file to go", Duration::from_secs(30), || {
@@ -2441,7 +2441,7 @@ fn a_replacement_never_overwrites_a_file_put_at_its_name_meanwhile() {
     let ct = encrypted_then_edited(&s);
     // The edit's job is held, complete; meanwhile the old ciphertext is
     // moved aside and another file takes its name.
-    std::thread::sleep(Duration::from_millis(1000));
+    held(&s, 0, "a", 2);
     let aside = s.dest().join("kept-aside.tpmc");
     fs::rename(&ct, &aside).expect("mv a.tpmc aside");
     fs::write(&ct, b"not tpmcrypt's").expect("a foreign a.tpmc");
@@ -2516,7 +2516,7 @@ fn a_backups_hard_link_does_not_turn_a_replacement_into_a_version() {
     let s = Scratch::new();
     let child = s.start_paused(0, &[], "a:2000:ready");
     let ct = encrypted_then_edited(&s);
-    std::thread::sleep(Duration::from_millis(1000));
+    held(&s, 0, "a", 2);
     let backup = s.path().join("backup.tpmc");
     fs::hard_link(&ct, &backup).expect("ln a.tpmc backup");
     wait_for("the edit's job", Duration::from_secs(30), || {
@@ -2616,6 +2616,16 @@ fn a_moved_aside_source_whose_ciphertext_is_made_is_removed_at_start() {
         s.log(1)
     );
     assert_eq!(got.len(), 2, "{:?} {}", got.keys(), s.log(1));
+}
+
+/// Waits until daemon `n`'s job for `rel` has been held by the pause hook
+/// `times` times in all (the hook logs each pause as it begins), so that a
+/// test acts within the pause, not after a sleep it hopes is long enough.
+fn held(s: &Scratch, n: usize, rel: &str, times: usize) {
+    let line = format!("test pause: {rel} held");
+    wait_for(&line, Duration::from_secs(60), || {
+        s.log(n).matches(&line).count() >= times
+    });
 }
 
 /// Writes SRC/a ("a, first"), waits for its ciphertext a.tpmc and the end

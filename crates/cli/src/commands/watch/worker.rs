@@ -727,7 +727,8 @@ fn put_back(
 /// `NAME:MS:ready` once its ciphertext is complete (and, under
 /// --delete-plaintext, verified), before handing it to the committer; so
 /// that a test can act on the source, or on DEST, while its job is in
-/// flight. Release builds have no such hook.
+/// flight. Each pause is logged (`test pause: REL held MS ms at STAGE`)
+/// as it begins. Release builds have no such hook.
 #[cfg(debug_assertions)]
 fn pause(stage: &str, rel: &Path) {
     let Some(spec) = std::env::var_os("TPMCRYPT_WATCH_TEST_PAUSE") else {
@@ -743,6 +744,9 @@ fn pause(stage: &str, rel: &Path) {
     }
     if rel.file_name().is_some_and(|n| n == name) {
         if let Ok(ms) = ms.parse() {
+            // Said first, so that a test acts once the job is held rather
+            // than after a sleep it hopes is long enough.
+            tracing::info!("test pause: {} held {ms} ms at {stage}", rel.display());
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
