@@ -2117,7 +2117,14 @@ fn watch_syncs_per_batch_not_per_file() {
             "trace=fsync,fdatasync,syncfs",
         ],
         None,
-        &[("TPMCRYPT_LOG", "debug")],
+        // A batch waits up to 300 ms for more (20 ms in production): under
+        // strace on a loaded machine the workers fill a 20 ms batch with
+        // few files (CI once saw 101 batches for 500 files), and this test
+        // counts syncs per batch, not how full batches get.
+        &[
+            ("TPMCRYPT_LOG", "debug"),
+            ("TPMCRYPT_WATCH_TEST_BATCH_AGE_MS", "300"),
+        ],
     );
     wait_for("SRC to be emptied", Duration::from_secs(120), || {
         walk(&s.src()).is_empty()
@@ -2155,13 +2162,10 @@ fn watch_syncs_per_batch_not_per_file() {
         syncs.len(),
         syncs.join("\n")
     );
-    // A batch closes 20 ms after its oldest ciphertext: on a loaded
-    // machine, under strace, its workers fill it more slowly, so batches
-    // are smaller (CI once saw 101 for 500 files, 303 syncs) but still
-    // hold several files each, and the syncs stay fewer than the files
-    // (one file at a time made two or three each).
+    // Batches hold many files each, and the syncs are far fewer than the
+    // files (one file at a time made two or three each).
     assert!(
-        batches > 0 && batches <= N / 2,
+        batches > 0 && batches <= N / 5,
         "{batches} batches for {N} files"
     );
     assert!(syncs.len() < N, "{} sync calls for {N} files", syncs.len());

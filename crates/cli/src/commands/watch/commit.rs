@@ -39,10 +39,25 @@ pub fn limits() -> Limits {
     Limits {
         files: (batch::max_open_outputs() / 2).max(32),
         bytes: 256 << 20,
-        age: BATCH_AGE,
+        age: batch_age(),
         // Not used here: the daemon's workers bound themselves.
         window: 1,
     }
+}
+
+/// [`BATCH_AGE`]; in debug builds, for the tests only,
+/// `TPMCRYPT_WATCH_TEST_BATCH_AGE_MS` instead, so that a test counting
+/// sync calls per batch sees batches of many files however slowly a
+/// loaded machine runs its workers. Release builds have no such setting.
+fn batch_age() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("TPMCRYPT_WATCH_TEST_BATCH_AGE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    BATCH_AGE
 }
 
 /// The batch being filled, and when its oldest output became ready (its
