@@ -1218,7 +1218,7 @@ fn kill_9_while_versions_arrive_loses_none() {
 #[test]
 fn a_directory_moved_out_keeps_its_ciphertexts_after_a_restart() {
     let s = Scratch::new();
-    let child = s.start(0, &[], true);
+    let child = s.start_env(0, &[], true, &[], None, &[("TPMCRYPT_LOG", "debug")]);
     let dir = s.src().join("d");
     let a_ct = s.dest().join("d/a.tpmc");
     write_file(&dir.join("a"), b"a, the first");
@@ -1229,7 +1229,11 @@ fn a_directory_moved_out_keeps_its_ciphertexts_after_a_restart() {
     std::thread::sleep(Duration::from_millis(100));
     // Moved out of SRC: one event for the directory, none for its files.
     fs::rename(&dir, s.path().join("d-elsewhere")).expect("mv d out of SRC");
-    std::thread::sleep(Duration::from_millis(300));
+    // Stopped once the daemon has seen it go (a stop drops events not yet
+    // handled, as a crash would lose them).
+    wait_for("d's records dropped", Duration::from_secs(30), || {
+        s.log(0).contains("d went: its records are dropped")
+    });
     assert_eq!(stop(child), 0, "{}", s.log(0));
     // While it is stopped: a new d/a.
     write_file(&dir.join("a"), b"a, a newcomer");

@@ -1135,6 +1135,7 @@ impl Coordinator {
         if let Err(e) = flushed {
             self.journal_error(e);
         }
+        debug!("{} went: its records are dropped", show(rel));
         super::commit::crash_point("forgotten");
     }
 
