@@ -1584,7 +1584,13 @@ fn a_new_version_renamed_over_an_original_being_removed_is_kept() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("strace");
-    std::thread::sleep(Duration::from_millis(700));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !common::in_syscall_below(child.id(), libc::SYS_unlink)
+        && !common::in_syscall_below(child.id(), libc::SYS_unlinkat)
+    {
+        assert!(Instant::now() < deadline, "never in unlink");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     fs::rename(d.join("f.new"), d.join("f")).unwrap();
     let out = child.wait_with_output().expect("wait");
     let _ = out;
@@ -1890,6 +1896,7 @@ fn two_agents_starting_on_a_stale_socket_never_both_run() {
         .stderr(Stdio::null())
         .spawn()
         .expect("strace");
+    let first_pid = first.id();
     let first = Stop(first);
     // Whatever happens, no agent is left running (killing strace would
     // leave the agent it traces).
@@ -1905,7 +1912,13 @@ fn two_agents_starting_on_a_stale_socket_never_both_run() {
         }
     }
     let _stop_agents = StopAgents(d, &sock);
-    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !common::in_syscall_below(first_pid, libc::SYS_unlink)
+        && !common::in_syscall_below(first_pid, libc::SYS_unlinkat)
+    {
+        assert!(Instant::now() < deadline, "the first agent never in unlink");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     // The second, meanwhile.
     let second = tpmcrypt(d)
         .args(["agent", "--ttl", "1m"])

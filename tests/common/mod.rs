@@ -324,6 +324,24 @@ pub fn child_pids_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Whether a thread of process `pid` or of one of its children is in
+/// system call `nr` (as `/proc/PID/task/TID/syscall` shows it, also while
+/// strace holds the call): a test waits for a run to be inside the call
+/// strace delays before it acts, rather than sleeping and hoping.
+pub fn in_syscall_below(pid: u32, nr: libc::c_long) -> bool {
+    let nr = nr.to_string();
+    std::iter::once(pid).chain(child_pids_of(pid)).any(|p| {
+        std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("syscall"))
+                    .is_ok_and(|l| l.split_whitespace().next() == Some(nr.as_str()))
+            })
+    })
+}
+
 /// xorshift64: random but reproducible choices (kill moments, file sizes).
 pub struct Rng(pub u64);
 
