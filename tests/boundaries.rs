@@ -170,7 +170,7 @@ fn start_agent(d: &Path, sock: &Path) -> std::process::Child {
         .spawn()
         .expect("agent");
     let start = Instant::now();
-    while !sock.exists() {
+    while !common::agent_socket_ready(sock) {
         assert!(start.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -1430,8 +1430,9 @@ fn an_io_cause_is_printed_once_and_a_silent_agent_is_named() {
         .arg(&sock)
         .spawn()
         .expect("python3");
+    // Python binds and listens in two steps: ready once it accepts.
     let start = Instant::now();
-    while !sock.exists() {
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         assert!(start.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -2025,7 +2026,7 @@ fn a_key_that_cannot_be_locked_in_memory_is_named() {
         .expect("agent");
     let agent = Stop(agent);
     let start = Instant::now();
-    while !sock.exists() {
+    while !common::agent_socket_ready(&sock) {
         assert!(start.elapsed() < Duration::from_secs(10), "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }

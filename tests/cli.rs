@@ -1761,8 +1761,9 @@ fn a_warning_to_a_closed_stderr_does_not_end_the_run() {
     chmod(&loose, 0o777);
     drop(std::os::unix::net::UnixListener::bind(loose.join("agent.sock")).unwrap());
     let mut fds = [0; 2];
-    // SAFETY: a valid array of two descriptors.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: a valid array of two descriptors. Close-on-exec, so that no
+    // child another test thread starts keeps the reader open.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     // SAFETY: both descriptors were just made and are owned here.
     let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     drop(reader);

@@ -605,7 +605,7 @@ impl Agent {
             .expect("spawn tpmcrypt agent");
         let sock = dir.join(".tpmcrypt-agent.sock");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !sock.exists() {
+        while !common::agent_socket_ready(&sock) {
             assert!(Instant::now() < deadline, "agent socket never appeared");
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -198,7 +198,7 @@ impl AgentProc {
         let mut agent = AgentProc(Some(child));
         let sock = dir.join(".tpmcrypt-agent.sock");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !sock.exists() {
+        while !common::agent_socket_ready(&sock) {
             if let Some(status) = agent.child().try_wait().expect("try_wait") {
                 panic!("tpmcrypt agent exited at once: {status}");
             }
@@ -612,11 +612,17 @@ fn an_expired_session_leaves_no_copy_of_its_key_in_the_agents_memory() {
     let key = reveal_session_key(d, "f.tpmc", "rec.key");
     // The scan sees the key while the agent holds it.
     assert!(copies_in_memory(pid, &key) >= 1, "scan self-check");
-    // The agent drops what expired by itself (within 250 ms).
-    std::thread::sleep(Duration::from_millis(3800));
+    // The agent drops what expired by itself (within 250 ms of the 3 s;
+    // a loaded machine may take longer to get there).
+    std::thread::sleep(Duration::from_millis(3300));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut left = copies_in_memory(pid, &key);
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        left = copies_in_memory(pid, &key);
+    }
     assert_eq!(
-        copies_in_memory(pid, &key),
-        0,
+        left, 0,
         "the expired session key is still in the agent's memory"
     );
 }

@@ -342,6 +342,16 @@ pub fn in_syscall_below(pid: u32, nr: libc::c_long) -> bool {
     })
 }
 
+/// Whether the agent's socket at `sock` is ready: there, a socket, and of
+/// mode 0600. The agent binds and listens (one call in std), then sets the
+/// mode; so a socket that merely exists may still refuse a connection, or
+/// show the umask's mode, for a moment.
+pub fn agent_socket_ready(sock: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    std::fs::symlink_metadata(sock)
+        .is_ok_and(|m| m.file_type().is_socket() && m.permissions().mode() & 0o777 == 0o600)
+}
+
 /// xorshift64: random but reproducible choices (kill moments, file sizes).
 pub struct Rng(pub u64);
 

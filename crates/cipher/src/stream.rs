@@ -1020,8 +1020,8 @@ mod tests {
             let (lock, cvar) = &*self.held;
             let mut state = lock.lock().unwrap();
             if index == 0 {
-                // Held until the others can go no further (or 2 s).
-                let deadline = Instant::now() + Duration::from_secs(2);
+                // Held until the others can go no further (or 10 s).
+                let deadline = Instant::now() + Duration::from_secs(10);
                 while !state.0 && Instant::now() < deadline {
                     state = cvar
                         .wait_timeout(state, Duration::from_millis(20))
@@ -1090,16 +1090,20 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&plain).unwrap();
         // Lets segment 0 go once the others have stopped sealing for a
-        // while (they are waiting for a buffer).
+        // while (they are waiting for a buffer): no new segment in three
+        // looks 200 ms apart, so that a worker a loaded machine leaves
+        // unscheduled for a moment is not taken for one that waits.
         let release = {
             let held = held.clone();
             std::thread::spawn(move || {
                 let (lock, cvar) = &*held;
                 let mut seen = usize::MAX;
+                let mut still = 0;
                 loop {
                     std::thread::sleep(Duration::from_millis(200));
                     let mut state = lock.lock().unwrap();
-                    if state.1.len() == seen {
+                    still = if state.1.len() == seen { still + 1 } else { 0 };
+                    if still == 3 {
                         state.0 = true;
                         cvar.notify_all();
                         return;

@@ -1310,6 +1310,10 @@ pub fn clean_stale_partials_once(dest: &Path, will_name: bool) -> usize {
         Some(d) if markable && !will_name => flock(d, libc::LOCK_EX | libc::LOCK_NB),
         _ => false,
     };
+    // Let go of explicitly on every return: closing the descriptor alone
+    // would leave it held while a child that another thread is forking
+    // has a copy of it.
+    let _unlock = opened.as_ref().filter(|_| exclusive).map(Unlock);
     let swept = sweep(&dir);
     if swept.listed < MARK_FROM {
         // Listed in microseconds: not worth a mark.
@@ -1403,6 +1407,15 @@ pub fn open_directory(dir: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(dir)
+}
+
+/// Lets go of a `flock` when dropped.
+struct Unlock<'a>(&'a File);
+
+impl Drop for Unlock<'_> {
+    fn drop(&mut self) {
+        flock(self.0, libc::LOCK_UN);
+    }
 }
 
 fn flock(dir: &impl std::os::fd::AsRawFd, op: libc::c_int) -> bool {
@@ -1963,7 +1976,7 @@ mod tests {
             flock(&lock, libc::LOCK_EX | libc::LOCK_NB),
             "the shared lock is released (a watch daemon takes its DEST's)"
         );
-        drop(lock);
+        drop(Unlock(&lock));
         assert_eq!(
             clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false),
             1
@@ -2057,7 +2070,7 @@ mod tests {
         assert!(flock(&held, libc::LOCK_SH | libc::LOCK_NB));
         clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
         assert!(!marked(d), "a run is naming something");
-        drop(held);
+        drop(Unlock(&held));
         clean_stale_partials_once(&via_new_path(d, "x.tpmc"), false);
         assert!(marked(d));
     }
