@@ -535,17 +535,21 @@ fn a_walked_file_swapped_for_a_fifo_never_holds_the_run() {
         fs::write(tree.join(format!("f{i:04}")), b"x").unwrap();
     }
     fs::write(tree.join("zzz"), b"last").unwrap();
-    let child = tpmcrypt(d)
+    // strace holds the run in its first linkat (naming the first output,
+    // with the walk over) until the last file is swapped.
+    let child = common::wrapper(d, "strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=linkat"])
+        .args(["-e", "inject=linkat:delay_enter=2000000:when=1"])
+        .arg(common::bin())
         .args(["encrypt", "-R", &r, "-j", "1", "--no-sync", "-r", "t"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
-    // Once the first output exists, the walk is over: swap the last file.
+        .expect("strace");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !tree.join("f0000.tpmc").exists() {
+    while !common::in_syscall_below(child.id(), libc::SYS_linkat) {
         assert!(std::time::Instant::now() < deadline, "no output");
-        std::thread::sleep(std::time::Duration::from_micros(200));
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     fs::remove_file(tree.join("zzz")).unwrap();
     let fifo = std::ffi::CString::new(tree.join("zzz").to_str().unwrap()).unwrap();
