@@ -1585,13 +1585,11 @@ fn a_new_version_renamed_over_an_original_being_removed_is_kept() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("strace");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !common::in_syscall_below(child.id(), libc::SYS_unlink)
-        && !common::in_syscall_below(child.id(), libc::SYS_unlinkat)
-    {
-        assert!(Instant::now() < deadline, "never in unlink");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_in_syscall(
+        child.id(),
+        &[libc::SYS_unlink, libc::SYS_unlinkat],
+        "the run's unlink",
+    );
     fs::rename(d.join("f.new"), d.join("f")).unwrap();
     let out = child.wait_with_output().expect("wait");
     let _ = out;
@@ -1913,13 +1911,11 @@ fn two_agents_starting_on_a_stale_socket_never_both_run() {
         }
     }
     let _stop_agents = StopAgents(d, &sock);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !common::in_syscall_below(first_pid, libc::SYS_unlink)
-        && !common::in_syscall_below(first_pid, libc::SYS_unlinkat)
-    {
-        assert!(Instant::now() < deadline, "the first agent never in unlink");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_in_syscall(
+        first_pid,
+        &[libc::SYS_unlink, libc::SYS_unlinkat],
+        "the first agent's unlink",
+    );
     // The second, meanwhile.
     let second = tpmcrypt(d)
         .args(["agent", "--ttl", "1m"])

@@ -2677,11 +2677,7 @@ fn in_place_keeps_an_original_that_changed_after_the_read() {
         let child = held_at_first(d, "fsync", 1500, &["encrypt", "-R", &r, "--in-place", how]);
         wait_for_len(&partial_path(d), full, "the whole output written");
         // Past the read and its check, into the delayed fsync.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !common::in_syscall_below(child.id(), libc::SYS_fsync) {
-            assert!(Instant::now() < deadline, "{how}: never in fsync");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        common::wait_in_syscall(child.id(), &[libc::SYS_fsync], how);
         if how == "rewritten" {
             fs::write(&input, &new).unwrap();
         } else {

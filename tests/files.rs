@@ -546,11 +546,8 @@ fn a_walked_file_swapped_for_a_fifo_never_holds_the_run() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("strace");
+    common::wait_in_syscall(child.id(), &[libc::SYS_linkat], "the first linkat");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !common::in_syscall_below(child.id(), libc::SYS_linkat) {
-        assert!(std::time::Instant::now() < deadline, "no output");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
     fs::remove_file(tree.join("zzz")).unwrap();
     let fifo = std::ffi::CString::new(tree.join("zzz").to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.

@@ -324,22 +324,36 @@ pub fn child_pids_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Whether a thread of process `pid` or of one of its children is in
-/// system call `nr` (as `/proc/PID/task/TID/syscall` shows it, also while
-/// strace holds the call): a test waits for a run to be inside the call
-/// strace delays before it acts, rather than sleeping and hoping.
-pub fn in_syscall_below(pid: u32, nr: libc::c_long) -> bool {
-    let nr = nr.to_string();
-    std::iter::once(pid).chain(child_pids_of(pid)).any(|p| {
-        std::fs::read_dir(format!("/proc/{p}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| {
-                std::fs::read_to_string(t.path().join("syscall"))
-                    .is_ok_and(|l| l.split_whitespace().next() == Some(nr.as_str()))
-            })
-    })
+/// Waits (up to 30 s, else the test fails) until a thread of process
+/// `pid` or of one of its children is in one of the system calls `nrs`, as
+/// `/proc/PID/task/TID/syscall` shows it, also while strace holds the
+/// call: a test acts once a run is inside the call strace delays, rather
+/// than after a sleep it hopes is long enough.
+pub fn wait_in_syscall(pid: u32, nrs: &[libc::c_long], what: &str) {
+    let nrs: Vec<String> = nrs.iter().map(|n| n.to_string()).collect();
+    let inside = || {
+        std::iter::once(pid).chain(child_pids_of(pid)).any(|p| {
+            std::fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| {
+                    std::fs::read_to_string(t.path().join("syscall")).is_ok_and(|l| {
+                        l.split_whitespace()
+                            .next()
+                            .is_some_and(|n| nrs.iter().any(|x| x == n))
+                    })
+                })
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !inside() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: never got there"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// Whether the agent's socket at `sock` is ready: there, a socket, and of
