@@ -418,6 +418,144 @@ fn without_tpmcrypt_full_a_handed_over_run_is_one_error_line() {
     common::assert_error_line(&x, 1, None, &["tpmcrypt-full"], "--version, full in PATH");
 }
 
+/// The name `tpmcrypt-full` is judged where it is found, not only where it
+/// leads: a symlink of another user's there, one put in a directory anyone
+/// may write to (even a sticky one, as /tmp: the name was free to take),
+/// or a directory on the way there that is another user's symlink, is not
+/// followed, however trusted the program it names. (Found by a hostile
+/// round: root ran `tpmcrypt inspect FILE` from a sticky directory holding
+/// only the front, another user linked `tpmcrypt-full` to /usr/bin/rm
+/// there, and FILE was removed.)
+#[test]
+fn a_name_another_user_could_have_put_there_is_not_followed() {
+    use std::os::unix::fs::{lchown, symlink, PermissionsExt as _};
+    let dir = scratch();
+    let d = dir.path();
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    // A program of root's in a directory of root's, which says it ran.
+    let rootbin = d.join("rootbin");
+    fs::create_dir(&rootbin).unwrap();
+    mode(&rootbin, 0o755);
+    let marker = d.join("ran");
+    let prog = rootbin.join("prog");
+    fs::write(&prog, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    mode(&prog, 0o755);
+    let version = |front: &Path| -> Run {
+        let mut cmd = common::wrapper(d, front.to_str().unwrap());
+        cmd.arg("--version").output().expect("spawn").into()
+    };
+    // Only the front, in a sticky directory anyone may write to.
+    let ww = d.join("ww");
+    fs::create_dir(&ww).unwrap();
+    mode(&ww, 0o1777);
+    copy_executable(&common::bin(), &ww.join("tpmcrypt"));
+    symlink(&prog, ww.join("tpmcrypt-full")).unwrap();
+    lchown(ww.join("tpmcrypt-full"), Some(65534), Some(65534)).unwrap();
+    let r = version(&ww.join("tpmcrypt"));
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &[
+            "tpmcrypt-full: the directory it is found in is writable by other users",
+            "not run",
+        ],
+        "another's symlink in a sticky directory",
+    );
+    assert!(!marker.exists(), "the program it names was run");
+    // In a directory of root's, a symlink of another user's.
+    let inst = d.join("inst");
+    fs::create_dir(&inst).unwrap();
+    mode(&inst, 0o755);
+    copy_executable(&common::bin(), &inst.join("tpmcrypt"));
+    symlink(&prog, inst.join("tpmcrypt-full")).unwrap();
+    lchown(inst.join("tpmcrypt-full"), Some(65534), Some(65534)).unwrap();
+    let r = version(&inst.join("tpmcrypt"));
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["a symlink owned by uid 65534", "not run"],
+        "another's symlink",
+    );
+    assert!(!marker.exists(), "the program it names was run");
+    // The same symlink, root's own: followed.
+    lchown(inst.join("tpmcrypt-full"), Some(0), Some(0)).unwrap();
+    let r = version(&inst.join("tpmcrypt"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(marker.exists(), "root's own symlink was not followed");
+    fs::remove_file(&marker).unwrap();
+    // In ../libexec/tpmcrypt/, through a libexec that is another user's
+    // symlink to a directory of root's.
+    let root_lib = d.join("rootlib");
+    fs::create_dir_all(root_lib.join("tpmcrypt")).unwrap();
+    mode(&root_lib, 0o755);
+    mode(&root_lib.join("tpmcrypt"), 0o755);
+    fs::copy(&prog, root_lib.join("tpmcrypt/tpmcrypt-full")).unwrap();
+    let prefix = d.join("prefix");
+    fs::create_dir_all(prefix.join("bin")).unwrap();
+    mode(&prefix, 0o755);
+    mode(&prefix.join("bin"), 0o755);
+    copy_executable(&common::bin(), &prefix.join("bin/tpmcrypt"));
+    symlink(&root_lib, prefix.join("libexec")).unwrap();
+    lchown(prefix.join("libexec"), Some(65534), Some(65534)).unwrap();
+    let r = version(&prefix.join("bin/tpmcrypt"));
+    common::assert_error_line(
+        &r,
+        1,
+        None,
+        &["a symlink owned by uid 65534", "not run"],
+        "through another's symlinked libexec",
+    );
+    assert!(!marker.exists(), "the program it names was run");
+}
+
+/// An access ACL that lets another user write to tpmcrypt-full or to its
+/// directory is as a mode bit that does: not run. (Its mode shows only the
+/// ACL's mask in the group bits, `0775 root:root`, which the rule for the
+/// caller's own group let through.)
+#[test]
+fn an_acl_that_lets_another_user_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = scratch();
+    let d = dir.path();
+    let inst = d.join("inst");
+    fs::create_dir(&inst).unwrap();
+    fs::set_permissions(&inst, fs::Permissions::from_mode(0o755)).unwrap();
+    copy_executable(&common::bin(), &inst.join("tpmcrypt"));
+    copy_executable(&full(), &inst.join("tpmcrypt-full"));
+    let version = || -> Run {
+        let mut cmd = common::wrapper(d, inst.join("tpmcrypt").to_str().unwrap());
+        cmd.arg("--version").output().expect("spawn").into()
+    };
+    let setfacl = |args: &[&str], path: &Path| {
+        let ok = Command::new("setfacl")
+            .args(args)
+            .arg(path)
+            .status()
+            .expect("setfacl (acl, installed by scripts/setup-deps)");
+        assert!(ok.success(), "setfacl {args:?}");
+    };
+    assert_ok(&version(), "--version");
+    for path in [inst.join("tpmcrypt-full"), inst.clone()] {
+        // Read and run only: still trusted.
+        setfacl(&["-m", "u:65534:rx"], &path);
+        assert_ok(&version(), "an ACL that lets another user read");
+        setfacl(&["-m", "u:65534:rwx"], &path);
+        let r = version();
+        common::assert_error_line(
+            &r,
+            1,
+            None,
+            &["writable by other users through its ACL", "not run"],
+            &path.display().to_string(),
+        );
+        assert!(r.stdout.is_empty());
+        setfacl(&["-b"], &path);
+        assert_ok(&version(), "the ACL removed");
+    }
+}
+
 /// A tpmcrypt-full that another user owns, or that others may replace (it
 /// or its directory writable by them, or a directory above writable by
 /// them and not sticky, or theirs), is not run: one error line (exit

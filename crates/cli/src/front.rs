@@ -416,9 +416,14 @@ fn full_path() -> Option<PathBuf> {
         // another user's.
         return Some(PathBuf::from(INSTALLED)).filter(|p| p.is_file());
     };
+    // The executable's path is its real one: `..` from its directory is
+    // the parent (so that every name on the way can be judged).
     let dir = exe.parent()?;
-    [dir.join(FULL), dir.join(LIBEXEC).join(FULL)]
-        .into_iter()
+    let libexec = dir
+        .parent()
+        .map(|up| up.join(LIBEXEC.trim_start_matches("../")).join(FULL));
+    std::iter::once(dir.join(FULL))
+        .chain(libexec)
         .find(|p| p.is_file())
 }
 
@@ -447,6 +452,55 @@ fn untrusted(full: &Path) -> Option<String> {
         })
 }
 
+/// Why the name `found` (absolute, with no `..`) may not be what root or
+/// this user put there, if so: walked from `/`, each entry on the way is
+/// judged itself, not what it leads to: a symlink must be root's or this
+/// user's, and each directory holding an entry must pass [`refused`]
+/// (the one holding `found` itself even if sticky: in a sticky directory
+/// anyone may take a name that was free). [`untrusted`] judges the real
+/// path the name leads to; this, the names on the way, which another user
+/// could have chosen.
+fn name_untrusted(found: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut on_the_way: Vec<&Path> = found.ancestors().collect();
+    on_the_way.reverse();
+    for pair in on_the_way.windows(2) {
+        let (holder, entry) = (pair[0], pair[1]);
+        let last = entry == found;
+        let what = if last {
+            "the directory it is found in".to_string()
+        } else {
+            format!(
+                "the directory {} on the way to it",
+                crate::ui::printable(&holder.display().to_string())
+            )
+        };
+        if let Some(why) = refused(holder, &what, !last) {
+            return Some(why);
+        }
+        let Ok(m) = std::fs::symlink_metadata(entry) else {
+            return Some(format!(
+                "{} could not be looked at",
+                crate::ui::printable(&entry.display().to_string())
+            ));
+        };
+        if m.file_type().is_symlink() && m.uid() != 0 && m.uid() != me {
+            let name = if last {
+                "it".to_string()
+            } else {
+                crate::ui::printable(&entry.display().to_string())
+            };
+            return Some(format!(
+                "{name} is a symlink owned by uid {}, not by you (uid {me}) or root",
+                m.uid()
+            ));
+        }
+    }
+    None
+}
+
 /// Why `path` (`what`) lets another user swap what runs, if it does:
 /// owned by another user than root and this one, or writable by others
 /// (or by a group other than this user's own), unless `sticky_ok` and it
@@ -469,6 +523,14 @@ fn refused(path: &Path, what: &str, sticky_ok: bool) -> Option<String> {
             m.uid()
         ));
     }
+    // With an access ACL the group bits are its mask, the most that any
+    // named user or group may do: write there may be another user's.
+    if m.mode() & 0o020 != 0 && has_access_acl(path) {
+        return Some(format!(
+            "{what} may be writable by other users through its ACL (mode {:04o}, `getfacl` shows it)",
+            m.mode() & 0o7777
+        ));
+    }
     let writable = m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != my_group);
     let sticky = m.mode() & 0o1000 != 0;
     if writable && !(sticky_ok && sticky) {
@@ -479,6 +541,27 @@ fn refused(path: &Path, what: &str, sticky_ok: bool) -> Option<String> {
         ));
     }
     None
+}
+
+/// Whether `path` has an access ACL beyond its mode bits (a minimal one
+/// is not stored). Where that cannot be told (a file system without
+/// extended attributes), none.
+fn has_access_acl(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: valid NUL-terminated strings; a null buffer of size 0 asks
+    // only for the attribute's size.
+    let size = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    size > 0
 }
 
 /// Replaces this process with `tpmcrypt-full`, given the same arguments.
@@ -495,12 +578,19 @@ fn hand_over(argv: &[OsString]) -> ! {
     // run could sit in a directory another user may change, which the
     // checks of the directories on the symlink's side never saw (a hostile
     // round swapped such a file, and root ran theirs).
-    let full = std::fs::canonicalize(&full).unwrap_or(full);
-    if let Some(why) = untrusted(&full) {
+    // And the name where it was found: a symlink there, or on the way
+    // there, is judged itself, since who could put it there chose what
+    // runs (a hostile round had root run another user's link to rm).
+    let found = full;
+    let full = std::fs::canonicalize(&found).unwrap_or_else(|_| found.clone());
+    let why = untrusted(&full)
+        .map(|why| (&full, why))
+        .or_else(|| name_untrusted(&found).map(|why| (&found, why)));
+    if let Some((path, why)) = why {
         stderr_line!(
             "{} {}: {why}; not run",
             crate::ui::colour::error(),
-            crate::ui::printable(&full.display().to_string())
+            crate::ui::printable(&path.display().to_string())
         );
         std::process::exit(crate::ui::exit::OTHER);
     }
