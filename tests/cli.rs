@@ -3959,3 +3959,114 @@ fn pipes_on_stdin_and_stdout_are_grown_to_a_segment() {
     assert_eq!(pipe_size(out.as_raw_fd()), want, "decrypt's stdout");
     assert!(plain == data, "decrypted data differs");
 }
+
+/// An output over a file the run reads its keys from (`decrypt -i id -o
+/// id -f`, `encrypt -R recipients -o recipients -f`, a `--pin-file`, or
+/// a derived name that is one), or `--in-place` of such a file, is refused
+/// before any work, even with `-f`: the only identity that opens a file
+/// must never be replaced by that file's plaintext. (Found by a hostile
+/// round: both runs exited 0, the identity or recipients file gone.)
+#[test]
+fn an_output_over_the_runs_own_key_file_is_refused() {
+    let (dir, r) = scratch();
+    let d = dir.path();
+    let id = fs::read(d.join("id")).unwrap();
+    fs::write(d.join("p"), b"plaintext").unwrap();
+    fs::write(d.join("recips"), format!("{r}\n")).unwrap();
+    assert_ok(&run(d, &["encrypt", "-R", &r, "p"]), "encrypt");
+    let refused = |args: &[&str], needles: &[&str], what: &str| {
+        let res = run(d, args);
+        common::assert_error_line(&res, USAGE, None, needles, what);
+    };
+    refused(
+        &["decrypt", "-i", "id", "-o", "id", "-f", "p.tpmc"],
+        &["id: that is the identity file (-i id)", "refusing"],
+        "-o id",
+    );
+    refused(
+        &["decrypt", "-i", "id", "-o", "./id", "-f", "p.tpmc"],
+        &["the identity file (-i id)"],
+        "-o ./id",
+    );
+    refused(
+        &["encrypt", "-R", "recips", "-o", "recips", "-f", "p"],
+        &["the recipients file (-R recips)"],
+        "-o recips",
+    );
+    fs::write(d.join("pin"), b"1234\n").unwrap();
+    common::chmod(&d.join("pin"), 0o600);
+    refused(
+        &[
+            "--pin-file",
+            "pin",
+            "decrypt",
+            "-i",
+            "id",
+            "-o",
+            "pin",
+            "-f",
+            "p.tpmc",
+        ],
+        &["the PIN file (--pin-file pin)"],
+        "-o pin",
+    );
+    // A derived name: id.tpmc decrypts to id.
+    fs::copy(d.join("p.tpmc"), d.join("id.tpmc")).unwrap();
+    refused(
+        &["decrypt", "-i", "id", "-f", "id.tpmc"],
+        &["the identity file (-i id)"],
+        "id.tpmc → id",
+    );
+    // In place, the file would be removed.
+    refused(
+        &["encrypt", "-R", "recips", "--in-place", "recips"],
+        &["the recipients file (-R recips)", "--in-place"],
+        "--in-place recips",
+    );
+    // The keystore's directory, where TPM keys live: no output there, and
+    // no original of --in-place.
+    fs::create_dir(d.join("ks")).unwrap();
+    common::chmod(&d.join("ks"), 0o700);
+    fs::write(d.join("ks/notes"), b"a file there").unwrap();
+    common::chmod(&d.join("ks/notes"), 0o600);
+    refused(
+        &[
+            "--keystore",
+            "ks",
+            "decrypt",
+            "-i",
+            "id",
+            "-o",
+            "ks/notes",
+            "-f",
+            "p.tpmc",
+        ],
+        &["that is in the keystore ks", "refusing to write there"],
+        "-o into the keystore",
+    );
+    refused(
+        &[
+            "--keystore",
+            "ks",
+            "encrypt",
+            "-R",
+            &r,
+            "--in-place",
+            "ks/notes",
+        ],
+        &["notes.tpmc: that is in the keystore ks"],
+        "--in-place in the keystore",
+    );
+    assert_eq!(fs::read(d.join("ks/notes")).unwrap(), b"a file there");
+    assert_eq!(fs::read(d.join("id")).unwrap(), id, "the identity changed");
+    assert_eq!(
+        fs::read_to_string(d.join("recips")).unwrap(),
+        format!("{r}\n")
+    );
+    // Elsewhere, as before.
+    assert_ok(
+        &run(d, &["decrypt", "-i", "id", "-o", "p2", "-f", "p.tpmc"]),
+        "decrypt",
+    );
+    assert_eq!(fs::read(d.join("p2")).unwrap(), b"plaintext");
+}

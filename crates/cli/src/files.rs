@@ -487,6 +487,89 @@ fn refuse_output_that_is_its_input(src: &Path, out: &Path, naming: Naming) -> an
     )))
 }
 
+/// A file a run reads its keys from: `what` as shown ("the identity file
+/// (-i id)").
+pub struct KeyFile<'a> {
+    pub what: String,
+    pub path: &'a Path,
+}
+
+impl<'a> KeyFile<'a> {
+    /// Each of `paths` named by `flag` (`-i`, `-R`, `--pin-file`) that is
+    /// a file there (a `-R` may be a recipient itself, not a file).
+    pub fn named(kind: &str, flag: &str, paths: impl IntoIterator<Item = &'a Path>) -> Vec<Self> {
+        paths
+            .into_iter()
+            .filter(|p| fs::metadata(p).is_ok_and(|m| m.is_file()))
+            .map(|p| KeyFile {
+                what: format!("the {kind} file ({flag} {})", shown(p)),
+                path: p,
+            })
+            .collect()
+    }
+}
+
+/// Refuses, before any work and even with `--force`, a run that would
+/// write an output over a file it reads its keys from (`decrypt -i id -o
+/// id -f`, or `id.tpmc`'s derived `id`), or that would remove one as an
+/// `--in-place` original: written over, the only identity that opens a
+/// file would be replaced by that file's plaintext. Before, both ran and
+/// exited 0.
+/// The keystore's directory (`keystore`), where TPM keys live, takes no
+/// output (so no `--in-place` run there either: its output is beside).
+pub fn refuse_outputs_over_key_files(
+    plan: &Plan,
+    in_place: bool,
+    keys: &[KeyFile],
+    keystore: Option<&Path>,
+) -> anyhow::Result<()> {
+    let id = |m: fs::Metadata| (m.dev(), m.ino());
+    let keys: Vec<_> = keys
+        .iter()
+        .filter_map(|k| fs::metadata(k.path).ok().map(|m| (id(m), k)))
+        .collect();
+    let store = keystore.and_then(|d| fs::metadata(d).ok()).map(id);
+    if keys.is_empty() && store.is_none() {
+        return Ok(());
+    }
+    let key_at = |m: io::Result<fs::Metadata>| {
+        let at = m.ok().map(id)?;
+        keys.iter().find(|(k, _)| *k == at).map(|(_, k)| k)
+    };
+    let in_store =
+        |p: &Path| store.is_some() && fs::metadata(atomic::parent_dir(p)).ok().map(id) == store;
+    let store_shown = || shown(keystore.unwrap_or(Path::new(".")));
+    for task in &plan.tasks {
+        if let Sink::File(out) = &task.sink {
+            // The output's own name: a symlink there is replaced.
+            if let Some(k) = key_at(fs::symlink_metadata(out)) {
+                return Err(usage(format!(
+                    "{}: that is {}, which this run reads: refusing to write over it",
+                    shown(out),
+                    k.what
+                )));
+            }
+            if in_store(out) {
+                return Err(usage(format!(
+                    "{}: that is in the keystore {}: refusing to write there",
+                    shown(out),
+                    store_shown()
+                )));
+            }
+        }
+        if let (true, Source::File(src)) = (in_place, &task.source) {
+            if let Some(k) = key_at(fs::metadata(src)) {
+                return Err(usage(format!(
+                    "{}: that is {}, which this run reads: refusing to remove it with --in-place",
+                    shown(src),
+                    k.what
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a run in which one input's output is another of its inputs
 /// (`encrypt a a.tpmc`): that input would be overwritten, with --force,
 /// before it is read.

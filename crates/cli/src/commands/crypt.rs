@@ -2,7 +2,7 @@
 //! one session key for everything encrypted, one unwrap per session for
 //! everything decrypted.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -350,6 +350,18 @@ pub(crate) fn encrypt_to(
     recipients: &[Box<dyn tpmcrypt_cipher::recipient::Recipient>],
 ) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Encrypt)?;
+    let mut keys = files::KeyFile::named("recipients", "-R", args.recipients.iter().map(Path::new));
+    keys.extend(files::KeyFile::named(
+        "PIN",
+        "--pin-file",
+        ui.pin_file.as_deref(),
+    ));
+    files::refuse_outputs_over_key_files(
+        &plan,
+        args.files.in_place,
+        &keys,
+        crate::keys::decrypt_keystore_dir(ui).as_deref(),
+    )?;
     let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(recipients, params, !args.new_session)?;
@@ -461,6 +473,22 @@ pub(crate) fn decrypt_with(
     access: &dyn TpmUse,
 ) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Decrypt)?;
+    let mut keys = files::KeyFile::named(
+        "identity",
+        "-i",
+        args.identities.iter().map(PathBuf::as_path),
+    );
+    keys.extend(files::KeyFile::named(
+        "PIN",
+        "--pin-file",
+        ui.pin_file.as_deref(),
+    ));
+    files::refuse_outputs_over_key_files(
+        &plan,
+        args.files.in_place,
+        &keys,
+        crate::keys::decrypt_keystore_dir(ui).as_deref(),
+    )?;
     let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(cache) = cache() {
