@@ -1504,7 +1504,7 @@ fn to_stdout(transfer: &mut Transfer<'_>) -> anyhow::Result<u64> {
     let out = io::stdout();
     if transfer.opts.refuse_tty_output && out.is_terminal() {
         return Err(usage(
-            "refusing to write ciphertext to a terminal (use -o or redirect)",
+            "refusing to write ciphertext to a terminal (use -o FILE or --armor, or redirect it)",
         ));
     }
     let mut out = stdio_file(out.as_fd())?;
