@@ -4023,6 +4023,40 @@ fn an_output_over_the_runs_own_key_file_is_refused() {
         &["the recipients file (-R recips)", "--in-place"],
         "--in-place recips",
     );
+    // Standard output opened on the identity (`>> id`), and recipients read
+    // from standard input that is the output (`-R - -o recips < recips`).
+    for out in ["-", "/dev/stdout"] {
+        let appending = fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("id"))
+            .unwrap();
+        let res: Run = tpmcrypt(d)
+            .args(["decrypt", "-i", "id", "-o", out, "-f", "p.tpmc"])
+            .stdout(appending)
+            .output()
+            .unwrap()
+            .into();
+        common::assert_error_line(
+            &res,
+            USAGE,
+            None,
+            &["standard output: that is the identity file (-i id)"],
+            out,
+        );
+    }
+    let res: Run = tpmcrypt(d)
+        .args(["encrypt", "-R", "-", "-o", "recips", "-f", "p"])
+        .stdin(fs::File::open(d.join("recips")).unwrap())
+        .output()
+        .unwrap()
+        .into();
+    common::assert_error_line(
+        &res,
+        USAGE,
+        None,
+        &["recips: that is the recipients file (-R -)"],
+        "-R - < recips",
+    );
     // The keystore's directory, where TPM keys live: no output there, and
     // no original of --in-place.
     fs::create_dir(d.join("ks")).unwrap();

@@ -497,13 +497,24 @@ pub struct KeyFile<'a> {
 impl<'a> KeyFile<'a> {
     /// Each of `paths` named by `flag` (`-i`, `-R`, `--pin-file`) that is
     /// a file there (a `-R` may be a recipient itself, not a file).
+    /// `-` is standard input, when that is a regular file (`-R - < recips`).
     pub fn named(kind: &str, flag: &str, paths: impl IntoIterator<Item = &'a Path>) -> Vec<Self> {
         paths
             .into_iter()
-            .filter(|p| fs::metadata(p).is_ok_and(|m| m.is_file()))
-            .map(|p| KeyFile {
+            .map(|p| {
+                (
+                    p,
+                    if is_dash(p) {
+                        Path::new("/dev/stdin")
+                    } else {
+                        p
+                    },
+                )
+            })
+            .filter(|(_, read)| fs::metadata(read).is_ok_and(|m| m.is_file()))
+            .map(|(p, read)| KeyFile {
                 what: format!("the {kind} file ({flag} {})", shown(p)),
-                path: p,
+                path: read,
             })
             .collect()
     }
@@ -540,6 +551,16 @@ pub fn refuse_outputs_over_key_files(
         |p: &Path| store.is_some() && fs::metadata(atomic::parent_dir(p)).ok().map(id) == store;
     let store_shown = || shown(keystore.unwrap_or(Path::new(".")));
     for task in &plan.tasks {
+        // Standard output opened on a key file (`1<>id`, `>> id`).
+        if task.sink == Sink::Stdout {
+            let out = fs::metadata("/dev/stdout").ok().filter(|m| m.is_file());
+            if let Some(k) = key_at(out.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))) {
+                return Err(usage(format!(
+                    "standard output: that is {}, which this run reads: refusing to write over it",
+                    k.what
+                )));
+            }
+        }
         if let Sink::File(out) = &task.sink {
             // The output's own name: a symlink there is replaced.
             if let Some(k) = key_at(fs::symlink_metadata(out)) {
