@@ -310,6 +310,28 @@ fn write_stats(
     statsfile::write(target, &text)
 }
 
+/// Refuses an output over `keys` (the run's -i or -R files), its
+/// `--pin-file` or into the keystore (see
+/// [`files::refuse_outputs_over_key_files`]).
+fn refuse_outputs_over_keys<'a>(
+    plan: &files::Plan,
+    files: &FileArgs,
+    ui: &'a Ui,
+    mut keys: Vec<files::KeyFile<'a>>,
+) -> anyhow::Result<()> {
+    keys.extend(files::KeyFile::named(
+        "PIN",
+        "--pin-file",
+        ui.pin_file.as_deref(),
+    ));
+    files::refuse_outputs_over_key_files(
+        plan,
+        files.in_place,
+        &keys,
+        crate::keys::decrypt_keystore_dir(ui).as_deref(),
+    )
+}
+
 /// Checks `--stats-json`, if given, against the plan: before any work.
 fn stats_target(files: &FileArgs, plan: &files::Plan) -> anyhow::Result<Option<statsfile::Target>> {
     files
@@ -350,18 +372,9 @@ pub(crate) fn encrypt_to(
     recipients: &[Box<dyn tpmcrypt_cipher::recipient::Recipient>],
 ) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Encrypt)?;
-    let mut keys = files::KeyFile::named("recipients", "-R", args.recipients.iter().map(Path::new));
-    keys.extend(files::KeyFile::named(
-        "PIN",
-        "--pin-file",
-        ui.pin_file.as_deref(),
-    ));
-    files::refuse_outputs_over_key_files(
-        &plan,
-        args.files.in_place,
-        &keys,
-        crate::keys::decrypt_keystore_dir(ui).as_deref(),
-    )?;
+    let recipients_files =
+        files::KeyFile::named("recipients", "-R", args.recipients.iter().map(Path::new));
+    refuse_outputs_over_keys(&plan, &args.files, ui, recipients_files)?;
     let stats = stats_target(&args.files, &plan)?;
     let (mut encryptor, source) =
         crate::commands::agent::encryptor(recipients, params, !args.new_session)?;
@@ -473,22 +486,12 @@ pub(crate) fn decrypt_with(
     access: &dyn TpmUse,
 ) -> anyhow::Result<i32> {
     let plan = files::plan(&args.files, Naming::Decrypt)?;
-    let mut keys = files::KeyFile::named(
+    let identity_files = files::KeyFile::named(
         "identity",
         "-i",
         args.identities.iter().map(PathBuf::as_path),
     );
-    keys.extend(files::KeyFile::named(
-        "PIN",
-        "--pin-file",
-        ui.pin_file.as_deref(),
-    ));
-    files::refuse_outputs_over_key_files(
-        &plan,
-        args.files.in_place,
-        &keys,
-        crate::keys::decrypt_keystore_dir(ui).as_deref(),
-    )?;
+    refuse_outputs_over_keys(&plan, &args.files, ui, identity_files)?;
     let stats = stats_target(&args.files, &plan)?;
     let mut decryptor = Decryptor::new(identities);
     if let Some(cache) = cache() {
